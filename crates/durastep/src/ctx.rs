@@ -1,0 +1,461 @@
+//! The step context: what a handler uses to run checkpointed steps and to sleep.
+//!
+//! Architecture invariant: control flow never travels through user-visible
+//! errors. When a step fails, a sleep suspends or the lease is lost, the context
+//! tells the executor through a private signal and the call never returns; the
+//! executor then drops the handler's future. User code cannot swallow a
+//! suspension by catching an error.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, TimeZone, Utc};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::checkpoint::Writer;
+use crate::failure::{HandlerError, HandlerResult};
+use crate::limits::{self, Limits};
+use crate::store::{self, PendingWrite, WriteOutcome};
+
+/// The future a [`Ctx::step_tx`] closure returns: it borrows the step's connection.
+pub type TxFuture<'c, T> = Pin<Box<dyn Future<Output = HandlerResult<T>> + Send + 'c>>;
+
+/// Why an attempt stopped before its handler returned.
+#[derive(Debug)]
+pub(crate) enum Signal {
+    /// A step failed; the attempt ends with this error.
+    StepFailed(HandlerError),
+    /// The run is sleeping; nothing more to write.
+    Suspended,
+    /// The attempt lost its lease: nothing more may be written.
+    Fenced,
+}
+
+struct Inner {
+    run_id: Uuid,
+    function_id: String,
+    event_id: Uuid,
+    attempt: u32,
+    epoch: i64,
+    /// Step results stored before this attempt began, loaded with the claim.
+    stored: Mutex<HashMap<String, Value>>,
+    /// Occurrences of each step name so far in this attempt.
+    counters: Mutex<HashMap<String, u32>>,
+    signal: Mutex<Option<oneshot::Sender<Signal>>>,
+    lost: CancellationToken,
+    writer: Writer,
+    pool: PgPool,
+    limits: Limits,
+    /// The database clock at the claim, and when the claim answered: the
+    /// database time now is at least `db_now + claimed_at.elapsed()`.
+    db_now: DateTime<Utc>,
+    claimed_at: Instant,
+}
+
+/// The context of one attempt of one run. Cheap to clone; hand it to closures.
+///
+/// ```
+/// use durastep::{Ctx, Function};
+/// use std::time::Duration;
+///
+/// let f = Function::new("remind").on_event("trial/started").handler(|ctx: Ctx, email: String| async move {
+///     ctx.step("welcome", || async { Ok(format!("welcome sent to {email}")) }).await?;
+///     ctx.sleep("wait-3-days", Duration::from_secs(3 * 86_400)).await?;
+///     ctx.step("reminder", || async { Ok(()) }).await?;
+///     Ok(())
+/// });
+/// # let _ = f;
+/// ```
+#[derive(Clone)]
+pub struct Ctx {
+    inner: Arc<Inner>,
+}
+
+/// Everything an attempt's context is built from.
+pub(crate) struct CtxParts {
+    pub run_id: Uuid,
+    pub function_id: String,
+    pub event_id: Uuid,
+    pub attempt: u32,
+    pub epoch: i64,
+    pub stored: HashMap<String, Value>,
+    pub signal: oneshot::Sender<Signal>,
+    pub lost: CancellationToken,
+    pub writer: Writer,
+    pub pool: PgPool,
+    pub limits: Limits,
+    pub db_now: DateTime<Utc>,
+    pub claimed_at: Instant,
+}
+
+impl Ctx {
+    pub(crate) fn new(p: CtxParts) -> Self {
+        Ctx {
+            inner: Arc::new(Inner {
+                run_id: p.run_id,
+                function_id: p.function_id,
+                event_id: p.event_id,
+                attempt: p.attempt,
+                epoch: p.epoch,
+                stored: Mutex::new(p.stored),
+                counters: Mutex::new(HashMap::new()),
+                signal: Mutex::new(Some(p.signal)),
+                lost: p.lost,
+                writer: p.writer,
+                pool: p.pool,
+                limits: p.limits,
+                db_now: p.db_now,
+                claimed_at: p.claimed_at,
+            }),
+        }
+    }
+
+    /// The run's id.
+    ///
+    /// ```
+    /// # fn f(ctx: durastep::Ctx) { let id: uuid::Uuid = ctx.run_id(); # }
+    /// ```
+    pub fn run_id(&self) -> Uuid {
+        self.inner.run_id
+    }
+
+    /// The function's id.
+    ///
+    /// ```
+    /// # fn f(ctx: durastep::Ctx) { println!("{}", ctx.function_id()); }
+    /// ```
+    pub fn function_id(&self) -> &str {
+        &self.inner.function_id
+    }
+
+    /// The id of the event that started the run.
+    ///
+    /// ```
+    /// # fn f(ctx: durastep::Ctx) { let _ = ctx.event_id(); }
+    /// ```
+    pub fn event_id(&self) -> Uuid {
+        self.inner.event_id
+    }
+
+    /// The attempt number, from 1. Waking from a sleep is not a new attempt.
+    ///
+    /// ```
+    /// # fn f(ctx: durastep::Ctx) { assert!(ctx.attempt() >= 1); }
+    /// ```
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
+    }
+
+    /// A key that is the same on every attempt of this run: hand it (joined with
+    /// the step's name) to an external API as its idempotency token, so a step
+    /// body that runs twice (its worker died before the checkpoint) still writes
+    /// once.
+    ///
+    /// ```
+    /// # fn f(ctx: durastep::Ctx) {
+    /// let token = format!("{}:push", ctx.idempotency_key());
+    /// # let _ = token; }
+    /// ```
+    pub fn idempotency_key(&self) -> String {
+        self.inner.run_id.to_string()
+    }
+
+    /// The database clock now, as well as this worker knows it: never ahead of
+    /// the database (it is the claim's database time plus the time elapsed since).
+    ///
+    /// ```
+    /// # fn f(ctx: durastep::Ctx) { let _ = ctx.db_time(); }
+    /// ```
+    pub fn db_time(&self) -> DateTime<Utc> {
+        let elapsed = chrono::Duration::from_std(self.inner.claimed_at.elapsed()).unwrap_or_default();
+        self.inner.db_now + elapsed
+    }
+
+    /// The step key of the next call of `name`: the name, then `name#2`, `name#3` ...
+    fn next_key(&self, name: &str) -> Result<String, HandlerError> {
+        limits::check_name("step name", name, &self.inner.limits)
+            .map_err(|e| HandlerError::permanent(e.to_string()))?;
+        if name.contains('#') {
+            return Err(HandlerError::permanent(format!("step name {name:?} must not contain '#'")));
+        }
+        let mut counters = self.inner.counters.lock().unwrap_or_else(|p| p.into_inner());
+        let n = counters.entry(name.to_owned()).or_insert(0);
+        *n += 1;
+        Ok(if *n == 1 { name.to_owned() } else { format!("{name}#{n}") })
+    }
+
+    fn stored<T: DeserializeOwned>(&self, key: &str) -> Option<HandlerResult<T>> {
+        let stored = self.inner.stored.lock().unwrap_or_else(|p| p.into_inner());
+        stored.get(key).map(|v| decode(key, v.clone()))
+    }
+
+    /// Ends the attempt: tells the executor why, then never returns.
+    async fn stop<T>(&self, signal: Signal) -> T {
+        if let Some(tx) = self.inner.signal.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = tx.send(signal);
+        }
+        std::future::pending().await
+    }
+
+    async fn checkpoint(&self, key: &str, value: Value) -> HandlerResult<Option<Value>> {
+        let output = match limits::check_payload(&value, &self.inner.limits) {
+            Ok(text) => text,
+            Err(e) => return Err(HandlerError::permanent(format!("step {key}: output refused: {e}"))),
+        };
+        crate::failpoint!("step-after-body", Err(HandlerError::new("failpoint step-after-body")));
+        let write = PendingWrite::Checkpoint { run_id: self.inner.run_id, epoch: self.inner.epoch, key: key.to_owned(), output };
+        match self.inner.writer.write(write).await {
+            Ok(WriteOutcome::Stored) => {
+                crate::failpoint!("step-after-checkpoint", Err(HandlerError::new("failpoint step-after-checkpoint")));
+                Ok(None)
+            }
+            Ok(WriteOutcome::Adopted(stored)) => Ok(Some(stored)),
+            Ok(WriteOutcome::Fenced) => self.stop(Signal::Fenced).await,
+            Err(e) => Err(HandlerError::new(format!("step {key}: checkpoint not stored: {e}"))),
+        }
+    }
+
+    /// Runs `f` once for this run and checkpoints its output.
+    ///
+    /// If this step's result is already stored (an earlier attempt finished it),
+    /// the stored value is returned and `f` does not run. Otherwise `f` runs and
+    /// its output is stored before this call returns. If `f` fails, the attempt
+    /// ends and the run is retried with backoff: finished steps are not redone.
+    /// Calling the same name again in one run makes a new step (`name#2`, ...).
+    /// Steps may run concurrently (`tokio::join!`); their keys are assigned when
+    /// `step` is called, so they are deterministic.
+    ///
+    /// ```
+    /// # async fn f(ctx: durastep::Ctx) -> durastep::HandlerResult<()> {
+    /// let total: u64 = ctx.step("sum", || async { Ok(40 + 2) }).await?;
+    /// let (a, b) = tokio::join!(
+    ///     ctx.step("fetch-a", || async { Ok(1u8) }),
+    ///     ctx.step("fetch-b", || async { Ok(2u8) }),
+    /// );
+    /// assert_eq!(total + u64::from(a? + b?), 45);
+    /// # Ok(()) }
+    /// ```
+    pub fn step<T, F, Fut>(&self, name: &str, f: F) -> impl Future<Output = HandlerResult<T>> + Send + use<T, F, Fut>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        F: FnOnce() -> Fut + Send,
+        Fut: Future<Output = HandlerResult<T>> + Send,
+    {
+        let key = self.next_key(name);
+        let ctx = self.clone();
+        async move {
+            let key = key?;
+            if let Some(stored) = ctx.stored(&key) {
+                return stored;
+            }
+            let span = tracing::debug_span!("step", step = %key);
+            async {
+                if ctx.inner.lost.is_cancelled() {
+                    return ctx.stop(Signal::Fenced).await;
+                }
+                crate::failpoint!("step-before-body", Err(HandlerError::new("failpoint step-before-body")));
+                let value = match f().await {
+                    Ok(v) => v,
+                    Err(e) => return ctx.stop(Signal::StepFailed(annotate(&key, e))).await,
+                };
+                let json = match serde_json::to_value(&value) {
+                    Ok(j) => j,
+                    Err(e) => {
+                        let e = HandlerError::permanent(format!("step {key}: output does not serialize: {e}"));
+                        return ctx.stop(Signal::StepFailed(e)).await;
+                    }
+                };
+                match ctx.checkpoint(&key, json).await {
+                    Ok(None) => Ok(value),
+                    Ok(Some(stored)) => decode(&key, stored),
+                    Err(e) => ctx.stop(Signal::StepFailed(e)).await,
+                }
+            }
+            .instrument(span)
+            .await
+        }
+    }
+
+    /// A step whose database writes commit together with its checkpoint.
+    ///
+    /// `f` gets the connection of a transaction; the step result is stored in
+    /// that same transaction, behind the fencing check. Either both commit or
+    /// neither does, so the writes happen exactly once. The transaction is open
+    /// while `f` runs: keep `f` to database work.
+    ///
+    /// ```
+    /// # async fn f(ctx: durastep::Ctx) -> durastep::HandlerResult<()> {
+    /// let id: i64 = ctx
+    ///     .step_tx("log", |conn| Box::pin(async move {
+    ///         let id: i64 = sqlx::query_scalar("SELECT 42").fetch_one(&mut *conn).await?;
+    ///         Ok(id)
+    ///     }))
+    ///     .await?;
+    /// # let _ = id; Ok(()) }
+    /// ```
+    pub fn step_tx<T, F>(&self, name: &str, f: F) -> impl Future<Output = HandlerResult<T>> + Send + use<T, F>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        F: for<'c> FnOnce(&'c mut PgConnection) -> TxFuture<'c, T> + Send,
+    {
+        let key = self.next_key(name);
+        let ctx = self.clone();
+        async move {
+            let key = key?;
+            if let Some(stored) = ctx.stored(&key) {
+                return stored;
+            }
+            if ctx.inner.lost.is_cancelled() {
+                return ctx.stop(Signal::Fenced).await;
+            }
+            match ctx.run_step_tx(&key, f).await {
+                Ok(TxOutcome::Committed(v)) => Ok(v),
+                Ok(TxOutcome::Adopted(stored)) => decode(&key, stored),
+                Ok(TxOutcome::Fenced) => ctx.stop(Signal::Fenced).await,
+                Err(e) => ctx.stop(Signal::StepFailed(e)).await,
+            }
+        }
+        .instrument(tracing::debug_span!("step_tx", step = name))
+    }
+
+    async fn run_step_tx<T, F>(&self, key: &str, f: F) -> HandlerResult<TxOutcome<T>>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        F: for<'c> FnOnce(&'c mut PgConnection) -> TxFuture<'c, T> + Send,
+    {
+        let db = |e: sqlx::Error| HandlerError::new(format!("step {key}: {e}"));
+        let mut tx = self.inner.pool.begin().await.map_err(db)?;
+        let value = f(&mut tx).await.map_err(|e| annotate(key, e))?;
+        let json = serde_json::to_value(&value)
+            .map_err(|e| HandlerError::permanent(format!("step {key}: output does not serialize: {e}")))?;
+        let text = limits::check_payload(&json, &self.inner.limits)
+            .map_err(|e| HandlerError::permanent(format!("step {key}: output refused: {e}")))?;
+        match store::checkpoint_in_tx(&mut tx, self.inner.run_id, self.inner.epoch, key, &text).await.map_err(db)? {
+            None => return Ok(TxOutcome::Fenced),
+            Some(Some(stored)) => return Ok(TxOutcome::Adopted(stored)),
+            Some(None) => {}
+        }
+        crate::failpoint!("step-tx-before-commit", Err(HandlerError::new("failpoint step-tx-before-commit")));
+        match tx.commit().await {
+            Ok(()) => Ok(TxOutcome::Committed(value)),
+            Err(e) => {
+                // Ambiguous: the commit may have landed. Our row is the proof.
+                let mut conn = self.inner.pool.acquire().await.map_err(db)?;
+                match store::load_step(&mut conn, self.inner.run_id, key).await.map_err(db)? {
+                    Some(stored) => Ok(TxOutcome::Adopted(stored)),
+                    None => Err(db(e)),
+                }
+            }
+        }
+    }
+
+    /// Sleeps durably for `duration`, measured from the first time this step ran.
+    ///
+    /// The wake time is computed once (by the database clock) and checkpointed;
+    /// the run leaves the worker and no worker is held while it sleeps, whether
+    /// for a second or for months. It never wakes early, and wakes within the
+    /// workers' poll interval after its time.
+    ///
+    /// ```
+    /// # async fn f(ctx: durastep::Ctx) -> durastep::HandlerResult<()> {
+    /// ctx.sleep("cool-down", std::time::Duration::from_secs(60)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn sleep(&self, name: &str, duration: Duration) -> HandlerResult<()> {
+        let key = self.next_key(name)?;
+        let wake = chrono::Duration::from_std(duration).unwrap_or(chrono::Duration::MAX);
+        let wake_at = self.db_time().checked_add_signed(wake).unwrap_or(DateTime::<Utc>::MAX_UTC);
+        self.sleep_key(&key, wake_at).await
+    }
+
+    /// Sleeps durably until a point in time, in any time zone (for example the
+    /// next 01:30 in `chrono_tz::Europe::Amsterdam`).
+    ///
+    /// ```
+    /// # async fn f(ctx: durastep::Ctx) -> durastep::HandlerResult<()> {
+    /// use chrono::TimeZone;
+    /// let at = chrono_tz::Europe::Amsterdam.with_ymd_and_hms(2026, 12, 1, 1, 30, 0).unwrap();
+    /// ctx.sleep_until("until-tiktok-reset", at).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn sleep_until<Tz: TimeZone>(&self, name: &str, at: DateTime<Tz>) -> HandlerResult<()> {
+        let key = self.next_key(name)?;
+        self.sleep_key(&key, at.with_timezone(&Utc)).await
+    }
+
+    async fn sleep_key(&self, key: &str, wake_at: DateTime<Utc>) -> HandlerResult<()> {
+        let wake_at = match self.stored::<SleepRecord>(key) {
+            Some(record) => record?.wake_at,
+            None => {
+                if self.inner.lost.is_cancelled() {
+                    return self.stop(Signal::Fenced).await;
+                }
+                let record = serde_json::to_value(SleepRecord { wake_at }).map_err(HandlerError::from)?;
+                match self.checkpoint(key, record).await? {
+                    None => wake_at,
+                    Some(stored) => decode::<SleepRecord>(key, stored)?.wake_at,
+                }
+            }
+        };
+        if self.db_time() >= wake_at {
+            return Ok(());
+        }
+        crate::failpoint!("sleep-after-arming", Err(HandlerError::new("failpoint sleep-after-arming")));
+        match store::suspend_until(&self.inner.pool, self.inner.run_id, self.inner.epoch, wake_at).await {
+            Ok(Some(false)) => Ok(()),
+            Ok(Some(true)) => self.stop(Signal::Suspended).await,
+            Ok(None) => self.stop(Signal::Fenced).await,
+            Err(e) => Err(HandlerError::new(format!("step {key}: could not suspend: {e}"))),
+        }
+    }
+}
+
+enum TxOutcome<T> {
+    Committed(T),
+    Adopted(Value),
+    Fenced,
+}
+
+/// What a sleep step stores: its wake time, computed once.
+#[derive(Serialize, serde::Deserialize)]
+struct SleepRecord {
+    wake_at: DateTime<Utc>,
+}
+
+fn decode<T: DeserializeOwned>(key: &str, value: Value) -> HandlerResult<T> {
+    serde_json::from_value(value).map_err(|e| {
+        HandlerError::permanent(format!(
+            "step {key}: stored output does not deserialize into {}: {e}",
+            std::any::type_name::<T>()
+        ))
+    })
+}
+
+fn annotate(key: &str, e: HandlerError) -> HandlerError {
+    let message = format!("step {key}: {}", e.message());
+    match (e.is_permanent(), e.retry_after_delay()) {
+        (true, _) => HandlerError::permanent(message),
+        (false, Some(d)) => HandlerError::retry_after(message, d),
+        (false, None) => HandlerError::new(message),
+    }
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("run_id", &self.inner.run_id)
+            .field("function_id", &self.inner.function_id)
+            .field("attempt", &self.inner.attempt)
+            .finish_non_exhaustive()
+    }
+}

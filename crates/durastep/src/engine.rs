@@ -1,0 +1,490 @@
+//! The engine: one builder, sending events, running workers, looking at runs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::error::{Error, from_sqlx};
+use crate::event::{Event, SendReceipt};
+use crate::function::{Backoff, ErasedHandler, Function};
+use crate::limits::{self, Limits};
+use crate::store;
+use crate::worker::{self, WorkerOptions};
+
+/// A registered function, as the worker executes it.
+pub(crate) struct Registered {
+    pub handler: ErasedHandler,
+    pub backoff: Backoff,
+}
+
+pub(crate) struct EngineInner {
+    pub pool: PgPool,
+    /// Heartbeats, the reaper and LISTEN: never starved by user steps.
+    pub control_pool: PgPool,
+    pub functions: HashMap<String, Registered>,
+    pub limits: Limits,
+    pub worker: WorkerOptions,
+}
+
+/// The handle to Durastep: sends events, runs workers, reads runs. Cheap to clone.
+///
+/// ```no_run
+/// use durastep::{Ctx, Engine, Event, Function};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # async fn demo() -> Result<(), durastep::Error> {
+/// let hello = Function::new("hello")
+///     .on_event("greeting/requested")
+///     .handler(|ctx: Ctx, name: String| async move {
+///         ctx.step("greet", || async move { Ok(format!("hello, {name}")) }).await
+///     });
+/// let engine = Engine::builder()
+///     .database_url("postgres://postgres@127.0.0.1/postgres")
+///     .function(hello)
+///     .build()
+///     .await?; // connects and migrates
+/// engine.send(Event::new("greeting/requested", "world")).await?;
+/// engine.run_worker(CancellationToken::new()).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+/// Builds an [`Engine`]; see [`Engine::builder`].
+#[must_use]
+pub struct EngineBuilder {
+    url: Option<String>,
+    pool: Option<PgPool>,
+    functions: Vec<Function>,
+    migrate: bool,
+    limits: Limits,
+    worker: WorkerOptions,
+    max_connections: u32,
+}
+
+impl Engine {
+    /// Starts building an engine.
+    ///
+    /// ```
+    /// let builder = durastep::Engine::builder().database_url("postgres://localhost/app");
+    /// # let _ = builder;
+    /// ```
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder {
+            url: None,
+            pool: None,
+            functions: Vec::new(),
+            migrate: true,
+            limits: Limits::default(),
+            worker: WorkerOptions::default(),
+            max_connections: 10,
+        }
+    }
+
+    /// Sends an event: stores it and creates one run per function it triggers.
+    /// With an idempotency key, a repeated send creates nothing and returns the
+    /// first send's ids.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let receipt = engine
+    ///     .send(durastep::Event::new("deal/stage.changed", &serde_json::json!({"contact_id": 7})).idempotency_key("7:offer:2026-W48"))
+    ///     .await?;
+    /// println!("event {} started {} runs", receipt.event_id, receipt.run_ids.len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn send(&self, event: Event) -> Result<SendReceipt, Error> {
+        let mut receipts = self.send_batch(vec![event]).await?;
+        Ok(receipts.remove(0))
+    }
+
+    /// Sends many events in one statement (one round trip). Receipts come back
+    /// in input order.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let events = (0..100).map(|i| durastep::Event::new("n", &i)).collect();
+    /// assert_eq!(engine.send_batch(events).await?.len(), 100);
+    /// # Ok(()) }
+    /// ```
+    pub async fn send_batch(&self, events: Vec<Event>) -> Result<Vec<SendReceipt>, Error> {
+        let prepared = self.prepare(&events)?;
+        let mut conn = self.inner.pool.acquire().await.map_err(from_sqlx)?;
+        insert(&mut conn, &prepared).await
+    }
+
+    /// Sends an event inside the caller's transaction: it is stored, and its runs
+    /// start, only if that transaction commits (the outbox pattern, without an outbox).
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine, pool: sqlx::PgPool) -> Result<(), durastep::Error> {
+    /// let mut tx = pool.begin().await?;
+    /// sqlx::query("UPDATE deals SET stage = 'offer' WHERE id = 7").execute(&mut *tx).await?;
+    /// engine.send_in(&mut tx, durastep::Event::new("deal/stage.changed", &7)).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn send_in(&self, conn: &mut PgConnection, event: Event) -> Result<SendReceipt, Error> {
+        let prepared = self.prepare(std::slice::from_ref(&event))?;
+        let mut receipts = insert(conn, &prepared).await?;
+        Ok(receipts.remove(0))
+    }
+
+    fn prepare(&self, events: &[Event]) -> Result<Vec<store::NewEvent>, Error> {
+        events.iter().map(|e| e.prepare(&self.inner.limits).map_err(Error::from)).collect()
+    }
+
+    /// Runs a worker until `shutdown` is cancelled, then stops claiming, lets
+    /// running attempts finish within the grace period and releases the rest.
+    /// Run as many workers as you like, in as many processes.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let shutdown = tokio_util::sync::CancellationToken::new();
+    /// let stop = shutdown.clone();
+    /// tokio::spawn(async move { tokio::signal::ctrl_c().await.ok(); stop.cancel(); });
+    /// engine.run_worker(shutdown).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_worker(&self, shutdown: CancellationToken) -> Result<(), Error> {
+        worker::run(self.inner.clone(), shutdown).await
+    }
+
+    /// One run, as stored now.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+    /// let run = engine.run(id).await?;
+    /// println!("{} is {:?}", run.id, run.state);
+    /// # Ok(()) }
+    /// ```
+    pub async fn run(&self, run_id: Uuid) -> Result<Run, Error> {
+        let row = store::load_run(&self.inner.pool, run_id).await.map_err(from_sqlx)?;
+        row.map(Run::from).ok_or(Error::UnknownRun(run_id))
+    }
+
+    /// Waits until a run is completed, failed or cancelled, checking every 20 ms,
+    /// for at most `timeout`; returns the run as it is then.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+    /// let run = engine.wait_for_run(id, std::time::Duration::from_secs(10)).await?;
+    /// assert!(run.state.is_finished());
+    /// # Ok(()) }
+    /// ```
+    pub async fn wait_for_run(&self, run_id: Uuid, timeout: Duration) -> Result<Run, Error> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let run = self.run(run_id).await?;
+            if run.state.is_finished() || tokio::time::Instant::now() >= deadline {
+                return Ok(run);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The pool the engine uses, for the application's own queries (and `send_in`).
+    ///
+    /// ```no_run
+    /// # fn demo(engine: durastep::Engine) { let _pool: &sqlx::PgPool = engine.pool(); }
+    /// ```
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// Takes back runs whose lease has expired, once, now (workers do this on
+    /// their own every `reap_interval`). Returns how many runs were taken back.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let n = engine.reap_expired_leases().await?;
+    /// # let _ = n; Ok(()) }
+    /// ```
+    pub async fn reap_expired_leases(&self) -> Result<usize, Error> {
+        worker::reap_once(&self.inner.control_pool).await
+    }
+}
+
+async fn insert(conn: &mut PgConnection, events: &[store::NewEvent]) -> Result<Vec<SendReceipt>, Error> {
+    let inserted = store::insert_events(conn, events).await.map_err(from_sqlx)?;
+    Ok(inserted
+        .into_iter()
+        .map(|i| SendReceipt { event_id: i.event_id, run_ids: i.run_ids, duplicate: i.duplicate })
+        .collect())
+}
+
+impl EngineBuilder {
+    /// The Postgres to use, as a URL.
+    ///
+    /// ```
+    /// let b = durastep::Engine::builder().database_url("postgres://postgres@127.0.0.1/postgres");
+    /// # let _ = b;
+    /// ```
+    pub fn database_url(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
+    /// An existing pool to use instead of a URL. Durastep still opens a small
+    /// separate pool (3 connections, same options) for heartbeats, the reaper
+    /// and LISTEN, so that a busy application cannot starve them.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), durastep::Error> {
+    /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/postgres").await?;
+    /// let engine = durastep::Engine::builder().pool(pool).build().await?;
+    /// # let _ = engine; Ok(()) }
+    /// ```
+    pub fn pool(mut self, pool: PgPool) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// Size of the main pool when built from a URL (default 10).
+    ///
+    /// ```
+    /// let b = durastep::Engine::builder().max_connections(20);
+    /// # let _ = b;
+    /// ```
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Registers a function. Its definition is upserted into `durastep.functions`
+    /// at build, so events sent from any process fan out to it.
+    ///
+    /// ```
+    /// let f = durastep::Function::new("f").on_event("e").handler(|_c, _x: ()| async { Ok(()) });
+    /// let b = durastep::Engine::builder().function(f);
+    /// # let _ = b;
+    /// ```
+    pub fn function(mut self, function: Function) -> Self {
+        self.functions.push(function);
+        self
+    }
+
+    /// Whether `build` applies the schema migrations (default true). Turn it off
+    /// where migrations run separately, with [`crate::migrate`].
+    ///
+    /// ```
+    /// let b = durastep::Engine::builder().migrate(false);
+    /// # let _ = b;
+    /// ```
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    /// Input limits (payload size, nesting depth, key length).
+    ///
+    /// ```
+    /// let b = durastep::Engine::builder().limits(durastep::Limits { max_payload_bytes: 64 * 1024, ..Default::default() });
+    /// # let _ = b;
+    /// ```
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Worker settings (in-flight attempts, lease, poll interval, ...).
+    ///
+    /// ```
+    /// let b = durastep::Engine::builder().worker_options(durastep::WorkerOptions { max_in_flight: 16, ..Default::default() });
+    /// # let _ = b;
+    /// ```
+    pub fn worker_options(mut self, options: WorkerOptions) -> Self {
+        self.worker = options;
+        self
+    }
+
+    /// Validates the functions, connects, migrates (unless told not to) and
+    /// registers the functions.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), durastep::Error> {
+    /// let engine = durastep::Engine::builder().database_url("postgres://postgres@127.0.0.1/postgres").build().await?;
+    /// # let _ = engine; Ok(()) }
+    /// ```
+    pub async fn build(self) -> Result<Engine, Error> {
+        let mut functions = HashMap::new();
+        let mut rows = Vec::new();
+        for f in self.functions {
+            limits::check_function_id(&f.id, &self.limits)?;
+            for t in &f.triggers {
+                limits::check_name("event name", t, &self.limits)?;
+            }
+            if functions.contains_key(&f.id) {
+                return Err(Error::InvalidFunction(format!("two functions have the id {:?}", f.id)));
+            }
+            let max_attempts = i32::try_from(f.max_attempts).unwrap_or(i32::MAX);
+            rows.push(store::FunctionRow {
+                id: f.id.clone(),
+                triggers: f.triggers.clone(),
+                max_attempts,
+                has_on_failure: f.on_failure.is_some(),
+            });
+            if let Some(handler) = f.on_failure {
+                let id = format!("{}/on-failure", f.id);
+                rows.push(store::FunctionRow { id: id.clone(), triggers: vec![], max_attempts: 4, has_on_failure: false });
+                functions.insert(id, Registered { handler, backoff: Backoff::default() });
+            }
+            functions.insert(f.id, Registered { handler: f.handler, backoff: f.backoff });
+        }
+
+        let (pool, control_pool) = match (self.pool, self.url) {
+            (Some(pool), _) => {
+                let options: PgConnectOptions = pool.connect_options().as_ref().clone();
+                let control = control_pool(options).await?;
+                (pool, control)
+            }
+            (None, Some(url)) => {
+                let options: PgConnectOptions = url.parse().map_err(Error::Unavailable)?;
+                let pool = PgPoolOptions::new()
+                    .max_connections(self.max_connections)
+                    .acquire_timeout(Duration::from_secs(10))
+                    .connect_with(options.clone())
+                    .await
+                    .map_err(Error::Unavailable)?;
+                (pool, control_pool(options).await?)
+            }
+            (None, None) => return Err(Error::NoDatabase),
+        };
+        if self.migrate {
+            store::migrate(&pool).await?;
+        }
+        store::register_functions(&pool, &mut rows).await.map_err(from_sqlx)?;
+        Ok(Engine {
+            inner: Arc::new(EngineInner { pool, control_pool, functions, limits: self.limits, worker: self.worker }),
+        })
+    }
+}
+
+async fn control_pool(options: PgConnectOptions) -> Result<PgPool, Error> {
+    PgPoolOptions::new()
+        .max_connections(3)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options)
+        .await
+        .map_err(Error::Unavailable)
+}
+
+/// Applies Durastep's schema migrations (schema `durastep`, tracked in
+/// `durastep._migrations`). The engine builder does this unless told not to.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), durastep::Error> {
+/// durastep::migrate(&pool).await?;
+/// # Ok(()) }
+/// ```
+pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
+    store::migrate(pool).await.map_err(Error::from)
+}
+
+/// The state of a run.
+///
+/// ```
+/// assert!(durastep::RunState::Completed.is_finished());
+/// assert!(!durastep::RunState::Sleeping.is_finished());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RunState {
+    /// Waiting to be claimed (new, or retrying after its backoff).
+    Queued,
+    /// An attempt is executing.
+    Running,
+    /// Suspended in a durable sleep; holds no worker.
+    Sleeping,
+    /// Finished with an output.
+    Completed,
+    /// Out of attempts, or failed permanently.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl RunState {
+    /// Whether the run will not execute again.
+    ///
+    /// ```
+    /// assert!(durastep::RunState::Failed.is_finished());
+    /// ```
+    pub fn is_finished(self) -> bool {
+        matches!(self, RunState::Completed | RunState::Failed | RunState::Cancelled)
+    }
+
+    fn parse(s: &str) -> RunState {
+        match s {
+            "queued" => RunState::Queued,
+            "running" => RunState::Running,
+            "sleeping" => RunState::Sleeping,
+            "completed" => RunState::Completed,
+            "failed" => RunState::Failed,
+            _ => RunState::Cancelled,
+        }
+    }
+}
+
+/// A run as stored.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+/// let run: durastep::Run = engine.run(id).await?;
+/// if let Some(error) = &run.last_error { eprintln!("attempt {} failed: {error}", run.attempt); }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Run {
+    /// The run's id.
+    pub id: Uuid,
+    /// Its function.
+    pub function_id: String,
+    /// The event that started it.
+    pub event_id: Uuid,
+    /// Its state.
+    pub state: RunState,
+    /// The current (or last) attempt, from 1.
+    pub attempt: i32,
+    /// Attempts allowed in all.
+    pub max_attempts: i32,
+    /// When it is (or was) next due.
+    pub run_at: DateTime<Utc>,
+    /// The last failure, if any.
+    pub last_error: Option<String>,
+    /// The handler's output, once completed.
+    pub output: Option<Value>,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it finished.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl From<store::RunRow> for Run {
+    fn from(r: store::RunRow) -> Self {
+        Run {
+            id: r.id,
+            function_id: r.function_id,
+            event_id: r.event_id,
+            state: RunState::parse(&r.state),
+            attempt: r.attempt,
+            max_attempts: r.max_attempts,
+            run_at: r.run_at,
+            last_error: r.last_error,
+            output: r.output,
+            created_at: r.created_at,
+            finished_at: r.finished_at,
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! Errors of the engine's own operations (building, migrating, sending, running workers).
+//!
+//! Failures of user code are [`crate::HandlerError`]s and end up on the run,
+//! never here.
+
+use crate::limits::LimitError;
+
+/// An error from an engine operation.
+///
+/// ```
+/// # async fn demo() {
+/// let err = durastep::Engine::builder()
+///     .database_url("postgres://nobody@127.0.0.1:1/none")
+///     .build()
+///     .await
+///     .unwrap_err();
+/// assert!(matches!(err, durastep::Error::Unavailable(_)));
+/// # }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The database could not be reached (at startup, or on a call).
+    #[error("database unreachable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// A database error other than unreachability.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Applying the schema migrations failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A payload or name was refused before anything was written.
+    #[error(transparent)]
+    Limit(#[from] LimitError),
+    /// A function definition is invalid (two functions with one id, no handler, ...).
+    #[error("invalid function definition: {0}")]
+    InvalidFunction(String),
+    /// The builder was not given a database.
+    #[error("no database configured: call database_url() or pool()")]
+    NoDatabase,
+    /// No run has this id.
+    #[error("no run with id {0}")]
+    UnknownRun(uuid::Uuid),
+}
+
+impl Error {
+    /// Whether the error is a transient database failure worth retrying.
+    ///
+    /// ```
+    /// assert!(!durastep::Error::NoDatabase.is_transient());
+    /// ```
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Unavailable(_) => true,
+            Error::Database(e) => is_transient_sqlx(e),
+            _ => false,
+        }
+    }
+}
+
+/// Connection-level failures (refused, reset, pool timed out, server shutting down).
+pub(crate) fn is_transient_sqlx(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => {
+            // 08* connection exceptions, 57P0x admin/crash shutdown, 40001/40P01 retryable.
+            let code = db.code();
+            let code = code.as_deref().unwrap_or("");
+            code.starts_with("08") || code.starts_with("57P") || code == "40001" || code == "40P01"
+        }
+        _ => false,
+    }
+}
+
+/// Maps a sqlx error to [`Error`], telling unreachability apart.
+pub(crate) fn from_sqlx(e: sqlx::Error) -> Error {
+    match &e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => Error::Unavailable(e),
+        _ => Error::Database(e),
+    }
+}

@@ -1,0 +1,132 @@
+//! Events: what starts runs.
+//!
+//! An event has a name, a JSON payload and optionally an idempotency key; sending
+//! it stores it and creates one run per function that it triggers.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::limits::{self, LimitError, Limits};
+
+/// An event to send.
+///
+/// ```
+/// use durastep::Event;
+/// let event = Event::new("campaign/budget.requested", &serde_json::json!({"ad_account_id": "act_1"}))
+///     .idempotency_key("contact-7:placement:2026-W48")
+///     .priority(10);
+/// assert_eq!(event.name(), "campaign/budget.requested");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Event {
+    name: String,
+    payload: Result<Value, String>,
+    idempotency_key: Option<String>,
+    start_at: Option<DateTime<Utc>>,
+    priority: i32,
+}
+
+impl Event {
+    /// An event with a payload serialized from any `Serialize` value.
+    /// A value that fails to serialize is reported when the event is sent.
+    ///
+    /// ```
+    /// let e = durastep::Event::new("user/signed-up", &42);
+    /// assert_eq!(e.name(), "user/signed-up");
+    /// ```
+    pub fn new<T: Serialize + ?Sized>(name: impl Into<String>, payload: &T) -> Self {
+        Event {
+            name: name.into(),
+            payload: serde_json::to_value(payload).map_err(|e| e.to_string()),
+            idempotency_key: None,
+            start_at: None,
+            priority: 0,
+        }
+    }
+
+    /// Makes sending idempotent: a second event with the same name and key creates
+    /// nothing and returns the first one's ids. The key holds for as long as the
+    /// event is stored (until it is pruned with its finished runs).
+    ///
+    /// ```
+    /// let e = durastep::Event::new("deal/stage.changed", &()).idempotency_key("c1:offer:2026-W48");
+    /// # let _ = e;
+    /// ```
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Starts the event's runs no earlier than this time (by the database clock).
+    ///
+    /// ```
+    /// let at = chrono::Utc::now() + chrono::Duration::hours(1);
+    /// let e = durastep::Event::new("report/due", &()).start_at(at);
+    /// # let _ = e;
+    /// ```
+    pub fn start_at(mut self, at: DateTime<Utc>) -> Self {
+        self.start_at = Some(at);
+        self
+    }
+
+    /// Priority of the event's runs: higher runs first among due runs (default 0).
+    ///
+    /// ```
+    /// let e = durastep::Event::new("invoice/create", &()).priority(5);
+    /// # let _ = e;
+    /// ```
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The event's name.
+    ///
+    /// ```
+    /// assert_eq!(durastep::Event::new("a", &()).name(), "a");
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Validates and serializes, before any SQL runs.
+    pub(crate) fn prepare(&self, limits: &Limits) -> Result<crate::store::NewEvent, LimitError> {
+        limits::check_name("event name", &self.name, limits)?;
+        if let Some(key) = &self.idempotency_key {
+            limits::check_name("idempotency key", key, limits)?;
+        }
+        let value = self.payload.as_ref().map_err(|e| LimitError::Serialize(e.clone()))?;
+        let payload = limits::check_payload(value, limits)?;
+        Ok(crate::store::NewEvent {
+            id: Uuid::new_v4(),
+            name: self.name.clone(),
+            payload,
+            idempotency_key: self.idempotency_key.clone(),
+            start_at: self.start_at,
+            priority: self.priority,
+        })
+    }
+}
+
+/// What sending an event did.
+///
+/// ```
+/// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+/// let receipt = engine.send(durastep::Event::new("a", &()).idempotency_key("k")).await?;
+/// let again = engine.send(durastep::Event::new("a", &()).idempotency_key("k")).await?;
+/// assert!(again.duplicate);
+/// assert_eq!(receipt.run_ids, again.run_ids);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SendReceipt {
+    /// The stored event (the first one, for a duplicate).
+    pub event_id: Uuid,
+    /// One run per function the event triggers.
+    pub run_ids: Vec<Uuid>,
+    /// True when an event with this name and idempotency key was already stored.
+    pub duplicate: bool,
+}

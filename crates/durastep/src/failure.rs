@@ -1,0 +1,128 @@
+//! How user code fails a step or a run.
+//!
+//! [`HandlerError`] is what step closures and handlers return. Any
+//! `std::error::Error` converts into it with `?`, so user code needs no
+//! mapping; the constructors mark a failure permanent or give a retry-after.
+
+use std::fmt;
+use std::time::Duration;
+
+/// A failure of a step or of a handler.
+///
+/// A retryable failure ends the attempt and the run is retried with the
+/// function's backoff (or after [`HandlerError::retry_after`]'s delay). A
+/// permanent one fails the run at once.
+///
+/// ```
+/// use durastep::HandlerError;
+/// use std::time::Duration;
+///
+/// fn parse(s: &str) -> Result<u32, HandlerError> {
+///     Ok(s.parse::<u32>()?) // any std error converts with `?`
+/// }
+/// assert!(parse("x").is_err());
+/// assert!(HandlerError::permanent("no such campaign").is_permanent());
+/// let e = HandlerError::retry_after("HTTP 429", Duration::from_secs(30));
+/// assert_eq!(e.retry_after_delay(), Some(Duration::from_secs(30)));
+/// ```
+pub struct HandlerError {
+    message: String,
+    permanent: bool,
+    retry_after: Option<Duration>,
+}
+
+/// What handlers and step closures return.
+///
+/// ```
+/// fn ok() -> durastep::HandlerResult<u8> { Ok(1) }
+/// assert_eq!(ok().unwrap(), 1);
+/// ```
+pub type HandlerResult<T> = Result<T, HandlerError>;
+
+impl HandlerError {
+    /// A retryable failure with a message.
+    ///
+    /// ```
+    /// assert!(!durastep::HandlerError::new("timeout").is_permanent());
+    /// ```
+    pub fn new(message: impl Into<String>) -> Self {
+        HandlerError { message: message.into(), permanent: false, retry_after: None }
+    }
+
+    /// A failure that retrying cannot fix: the run fails at once.
+    ///
+    /// ```
+    /// assert!(durastep::HandlerError::permanent("bad input").is_permanent());
+    /// ```
+    pub fn permanent(message: impl Into<String>) -> Self {
+        HandlerError { message: message.into(), permanent: true, retry_after: None }
+    }
+
+    /// A retryable failure that names when to try again (an HTTP 429's Retry-After).
+    ///
+    /// ```
+    /// let e = durastep::HandlerError::retry_after("429", std::time::Duration::from_secs(5));
+    /// assert!(!e.is_permanent());
+    /// ```
+    pub fn retry_after(message: impl Into<String>, delay: Duration) -> Self {
+        HandlerError { message: message.into(), permanent: false, retry_after: Some(delay) }
+    }
+
+    /// The message that is stored as the run's `last_error`.
+    ///
+    /// ```
+    /// assert_eq!(durastep::HandlerError::new("x").message(), "x");
+    /// ```
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether the failure is permanent.
+    ///
+    /// ```
+    /// assert!(!durastep::HandlerError::new("x").is_permanent());
+    /// ```
+    pub fn is_permanent(&self) -> bool {
+        self.permanent
+    }
+
+    /// The delay asked for by [`HandlerError::retry_after`], if any.
+    ///
+    /// ```
+    /// assert_eq!(durastep::HandlerError::new("x").retry_after_delay(), None);
+    /// ```
+    pub fn retry_after_delay(&self) -> Option<Duration> {
+        self.retry_after
+    }
+}
+
+// Like anyhow::Error, HandlerError does not implement std::error::Error itself,
+// which is what lets every error type convert into it with `?`.
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
+    fn from(e: E) -> Self {
+        let mut message = e.to_string();
+        let mut source = e.source();
+        while let Some(s) = source {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        HandlerError::new(message)
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerError")
+            .field("message", &self.message)
+            .field("permanent", &self.permanent)
+            .field("retry_after", &self.retry_after)
+            .finish()
+    }
+}

@@ -1,0 +1,303 @@
+//! Function definitions: an id, triggers, a retry policy and a typed handler.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::ctx::Ctx;
+use crate::failure::{HandlerError, HandlerResult};
+
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+pub(crate) type ErasedHandler = Arc<dyn Fn(Ctx, Value) -> BoxFuture<HandlerResult<Value>> + Send + Sync>;
+
+/// How long to wait before retrying after a failed attempt.
+///
+/// ```
+/// use durastep::Backoff;
+/// use std::time::Duration;
+/// // Story A's policy: 30 s * attempts^2.
+/// let b = Backoff::custom(|attempt| Duration::from_secs(30 * u64::from(attempt).pow(2)));
+/// assert_eq!(b.delay(2), Duration::from_secs(120));
+/// assert_eq!(Backoff::Fixed(Duration::from_secs(5)).delay(9), Duration::from_secs(5));
+/// ```
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum Backoff {
+    /// `base * 2^(attempt-1)`, capped at `max`, with up to 25% random jitter (the default:
+    /// 1 s base, 10 min cap).
+    Exponential {
+        /// Delay after the first failed attempt.
+        base: Duration,
+        /// Largest delay.
+        max: Duration,
+    },
+    /// The same delay every time.
+    Fixed(Duration),
+    /// Any function of the failed attempt's number (1 for the first attempt).
+    Custom(Arc<dyn Fn(u32) -> Duration + Send + Sync>),
+}
+
+impl Backoff {
+    /// A custom backoff from a function of the attempt number.
+    ///
+    /// ```
+    /// let b = durastep::Backoff::custom(|n| std::time::Duration::from_millis(100 * u64::from(n)));
+    /// assert_eq!(b.delay(3).as_millis(), 300);
+    /// ```
+    pub fn custom(f: impl Fn(u32) -> Duration + Send + Sync + 'static) -> Self {
+        Backoff::Custom(Arc::new(f))
+    }
+
+    /// The delay after failed attempt number `attempt` (1-based).
+    ///
+    /// ```
+    /// let d = durastep::Backoff::default().delay(1);
+    /// assert!(d >= std::time::Duration::from_secs(1));
+    /// ```
+    pub fn delay(&self, attempt: u32) -> Duration {
+        match self {
+            Backoff::Exponential { base, max } => {
+                let exp = attempt.saturating_sub(1).min(30);
+                let raw = base.saturating_mul(1u32 << exp).min(*max);
+                // Jitter from a v4 uuid's random bits: no extra dependency for a coin flip.
+                let unit = (Uuid::new_v4().as_u128() % 1_000) as f64 / 1_000.0;
+                raw + raw.mul_f64(0.25 * unit)
+            }
+            Backoff::Fixed(d) => *d,
+            Backoff::Custom(f) => f(attempt),
+        }
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::Exponential { base: Duration::from_secs(1), max: Duration::from_secs(600) }
+    }
+}
+
+impl fmt::Debug for Backoff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Backoff::Exponential { base, max } => f.debug_struct("Exponential").field("base", base).field("max", max).finish(),
+            Backoff::Fixed(d) => f.debug_tuple("Fixed").field(d).finish(),
+            Backoff::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+/// A failed run, as the `on_failure` handler receives it.
+///
+/// ```
+/// use durastep::{Function, FailedRun};
+/// let f = Function::new("linkedin-budget")
+///     .on_event("campaign/budget.requested")
+///     .on_failure(|_ctx, failed: FailedRun<serde_json::Value>| async move {
+///         println!("run {} failed after {} attempts: {}", failed.run_id, failed.attempts, failed.error);
+///         Ok(())
+///     })
+///     .handler(|_ctx, _req: serde_json::Value| async move { Ok(()) });
+/// # let _ = f;
+/// ```
+#[derive(Debug, Clone, serde::Deserialize, Serialize)]
+#[non_exhaustive]
+pub struct FailedRun<I> {
+    /// The run that failed.
+    pub run_id: Uuid,
+    /// Its function.
+    pub function_id: String,
+    /// Its last error.
+    pub error: String,
+    /// How many attempts it had.
+    pub attempts: i32,
+    /// The event payload that started it.
+    pub event: I,
+}
+
+/// Starts a function definition; finish it with [`FunctionBuilder::handler`].
+///
+/// ```
+/// use durastep::{Ctx, Function};
+/// #[derive(serde::Deserialize)]
+/// struct Signup { email: String }
+///
+/// let welcome = Function::new("send-welcome")
+///     .on_event("user/signed-up")
+///     .retries(3)
+///     .handler(|ctx: Ctx, signup: Signup| async move {
+///         let id: String = ctx.step("send-mail", || async { Ok(format!("sent to {}", signup.email)) }).await?;
+///         Ok(id)
+///     });
+/// assert_eq!(welcome.id(), "send-welcome");
+/// ```
+pub struct Function {
+    pub(crate) id: String,
+    pub(crate) triggers: Vec<String>,
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff: Backoff,
+    pub(crate) handler: ErasedHandler,
+    pub(crate) on_failure: Option<ErasedHandler>,
+}
+
+impl Function {
+    /// Starts the definition of a function with this id (ASCII letters, digits, `-_.:`).
+    ///
+    /// ```
+    /// let b = durastep::Function::new("meta-budget-update");
+    /// # let _ = b;
+    /// ```
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new(id: impl Into<String>) -> FunctionBuilder {
+        FunctionBuilder {
+            id: id.into(),
+            triggers: Vec::new(),
+            max_attempts: 4,
+            backoff: Backoff::default(),
+            on_failure: None,
+        }
+    }
+
+    /// The function's id.
+    ///
+    /// ```
+    /// let f = durastep::Function::new("f").handler(|_ctx, _x: ()| async { Ok(()) });
+    /// assert_eq!(f.id(), "f");
+    /// ```
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl fmt::Debug for Function {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Function")
+            .field("id", &self.id)
+            .field("triggers", &self.triggers)
+            .field("max_attempts", &self.max_attempts)
+            .field("backoff", &self.backoff)
+            .field("on_failure", &self.on_failure.is_some())
+            .finish()
+    }
+}
+
+/// A function definition under construction; see [`Function::new`].
+#[must_use = "a function needs a handler"]
+pub struct FunctionBuilder {
+    id: String,
+    triggers: Vec<String>,
+    max_attempts: u32,
+    backoff: Backoff,
+    on_failure: Option<ErasedHandler>,
+}
+
+impl FunctionBuilder {
+    /// Triggers a run of this function for every event with this name. Call it more
+    /// than once for several triggers.
+    ///
+    /// ```
+    /// let b = durastep::Function::new("f").on_event("a/b").on_event("a/c");
+    /// # let _ = b;
+    /// ```
+    pub fn on_event(mut self, name: impl Into<String>) -> Self {
+        self.triggers.push(name.into());
+        self
+    }
+
+    /// How many times a failed attempt is retried (default 3, so 4 attempts in all).
+    ///
+    /// ```
+    /// let b = durastep::Function::new("f").retries(5);
+    /// # let _ = b;
+    /// ```
+    pub fn retries(mut self, retries: u32) -> Self {
+        self.max_attempts = retries.saturating_add(1);
+        self
+    }
+
+    /// The delay before each retry (default exponential with jitter).
+    ///
+    /// ```
+    /// let b = durastep::Function::new("f").backoff(durastep::Backoff::Fixed(std::time::Duration::from_secs(1)));
+    /// # let _ = b;
+    /// ```
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Runs once for every run of this function that ends `failed` (out of
+    /// retries, permanent error, or reaped on its last attempt). It is itself a
+    /// durable run with steps, so "one message to on-call" is sent once.
+    ///
+    /// ```
+    /// # use durastep::FailedRun;
+    /// let b = durastep::Function::new("f").on_failure(|_ctx, _f: FailedRun<serde_json::Value>| async { Ok(()) });
+    /// # let _ = b;
+    /// ```
+    pub fn on_failure<I, F, Fut>(mut self, handler: F) -> Self
+    where
+        I: DeserializeOwned + Send + 'static,
+        F: Fn(Ctx, FailedRun<I>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult<()>> + Send + 'static,
+    {
+        self.on_failure = Some(erase(format!("{}/on-failure", self.id), handler));
+        self
+    }
+
+    /// Finishes the definition with its handler. The handler gets a [`Ctx`] and
+    /// the event payload deserialized into `I`; its output is stored on the run.
+    ///
+    /// ```
+    /// let f = durastep::Function::new("double").on_event("n").handler(|_ctx, n: u64| async move { Ok(n * 2) });
+    /// # let _ = f;
+    /// ```
+    pub fn handler<I, O, F, Fut>(self, handler: F) -> Function
+    where
+        I: DeserializeOwned + Send + 'static,
+        O: Serialize + Send + 'static,
+        F: Fn(Ctx, I) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult<O>> + Send + 'static,
+    {
+        Function {
+            handler: erase(self.id.clone(), handler),
+            id: self.id,
+            triggers: self.triggers,
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+            on_failure: self.on_failure,
+        }
+    }
+}
+
+/// Wraps a typed handler: input that does not deserialize fails the run
+/// permanently with a message naming the function and serde's reason.
+fn erase<I, O, F, Fut>(function_id: String, handler: F) -> ErasedHandler
+where
+    I: DeserializeOwned + Send + 'static,
+    O: Serialize + Send + 'static,
+    F: Fn(Ctx, I) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult<O>> + Send + 'static,
+{
+    let handler = Arc::new(handler);
+    Arc::new(move |ctx: Ctx, payload: Value| {
+        let handler = Arc::clone(&handler);
+        let function_id = function_id.clone();
+        Box::pin(async move {
+            let input: I = serde_json::from_value(payload).map_err(|e| {
+                HandlerError::permanent(format!(
+                    "function {function_id}: event payload does not deserialize into {}: {e}",
+                    std::any::type_name::<I>()
+                ))
+            })?;
+            let output = handler(ctx, input).await?;
+            serde_json::to_value(output)
+                .map_err(|e| HandlerError::permanent(format!("function {function_id}: output does not serialize: {e}")))
+        })
+    })
+}

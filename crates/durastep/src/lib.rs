@@ -1,0 +1,117 @@
+//! # Durastep: durable step functions on the Postgres you already run
+//!
+//! Write operations logic as plain async Rust. A function is triggered by an
+//! event; each [`Ctx::step`] result is checkpointed in `durastep.step_results`,
+//! so a crash or a retry resumes after the last finished step. Sleeps last
+//! seconds or months without holding a worker. Any number of workers, in any
+//! number of processes, share the work through Postgres alone.
+//!
+//! ```no_run
+//! use durastep::{Ctx, Engine, Event, Function, HandlerError};
+//! use serde::{Deserialize, Serialize};
+//! use std::time::Duration;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct BudgetRequested { ad_account_id: String, campaign_id: String, daily_cents: u64 }
+//!
+//! # async fn push_budget(_key: &str, _r: &BudgetRequested) -> Result<String, HandlerError> { Ok("ref".into()) }
+//! #[tokio::main]
+//! async fn main() -> Result<(), durastep::Error> {
+//!     let meta = Function::new("meta-budget-update")
+//!         .on_event("campaign/budget.requested")
+//!         .retries(5)
+//!         .handler(|ctx: Ctx, req: BudgetRequested| async move {
+//!             let key = format!("{}:push", ctx.idempotency_key());
+//!             // Runs once per run; a retry after a crash returns the stored result.
+//!             let external_ref: String = ctx.step("push", || push_budget(&key, &req)).await?;
+//!             ctx.sleep("settle", Duration::from_secs(60)).await?; // no worker held
+//!             // Commits together with its checkpoint: exactly once.
+//!             ctx.step_tx("log", |conn| Box::pin(async move {
+//!                 sqlx::query("INSERT INTO budget_log (external_ref) VALUES ($1)")
+//!                     .bind(&external_ref).execute(&mut *conn).await?;
+//!                 Ok(())
+//!             })).await?;
+//!             Ok(())
+//!         });
+//!
+//!     let engine = Engine::builder()
+//!         .database_url("postgres://postgres@127.0.0.1/postgres")
+//!         .function(meta)
+//!         .build()
+//!         .await?; // connects, migrates, registers functions
+//!
+//!     let request = BudgetRequested { ad_account_id: "act_1".into(), campaign_id: "c_9".into(), daily_cents: 50_00 };
+//!     engine.send(Event::new("campaign/budget.requested", &request).idempotency_key("c_9:2026-11-29")).await?;
+//!     engine.run_worker(CancellationToken::new()).await
+//! }
+//! ```
+//!
+//! ## Concepts
+//!
+//! - **Events and runs.** [`Engine::send`] stores an [`Event`] and creates one
+//!   run per [`Function`] that it triggers. An idempotency key makes a repeated
+//!   send a no-op; [`Engine::send_in`] sends inside your own transaction.
+//! - **Steps.** [`Ctx::step`] runs a closure once per run and stores its
+//!   output; [`Ctx::step_tx`] commits its database writes with its checkpoint.
+//!   Use [`Ctx::idempotency_key`] for the external APIs a step calls.
+//! - **Failures.** A step or handler returns [`HandlerError`]; the attempt ends
+//!   and the run is retried with the function's [`Backoff`]; after the last
+//!   attempt the run is `failed` and its `on_failure` handler runs once.
+//! - **Sleep.** [`Ctx::sleep`] and [`Ctx::sleep_until`] suspend the run; the
+//!   database clock decides when it is due.
+//! - **Workers.** [`Engine::run_worker`] claims due runs with `FOR UPDATE SKIP
+//!   LOCKED`, holds each under a lease with a fencing epoch, and group-commits
+//!   checkpoints. See `docs/guarantees.md` for exactly what is promised.
+//!
+//! ## Foreign types in the API
+//!
+//! [`sqlx::PgPool`] and [`sqlx::PgConnection`] appear because Durastep runs on
+//! your Postgres and `send_in`/`step_tx` join your transactions;
+//! [`tokio_util::sync::CancellationToken`] is how a worker is told to shut down.
+//! The crate installs no tracing subscriber: its spans carry the run id,
+//! function, attempt and step, and your application decides where they go.
+
+/// `failpoint!("name")`, or `failpoint!("name", expr)` to `return expr` on the
+/// `error` action. Expands to nothing without the `failpoints` feature.
+macro_rules! failpoint {
+    ($name:literal) => {
+        #[cfg(feature = "failpoints")]
+        {
+            let _ = $crate::failpoints::eval($name).await;
+        }
+    };
+    ($name:literal, $on_error:expr) => {
+        #[cfg(feature = "failpoints")]
+        {
+            if $crate::failpoints::eval($name).await {
+                return $on_error;
+            }
+        }
+    };
+}
+
+pub(crate) use failpoint;
+
+mod checkpoint;
+mod ctx;
+mod engine;
+mod error;
+mod event;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
+mod failure;
+mod function;
+pub mod limits;
+mod store;
+pub mod testing;
+mod worker;
+
+pub use ctx::{Ctx, TxFuture};
+pub use engine::{Engine, EngineBuilder, Run, RunState, migrate};
+pub use error::Error;
+pub use event::{Event, SendReceipt};
+pub use failure::{HandlerError, HandlerResult};
+pub use function::{Backoff, FailedRun, Function, FunctionBuilder};
+pub use limits::{LimitError, Limits};
+pub use worker::WorkerOptions;

@@ -1,0 +1,610 @@
+//! Every SQL statement Durastep runs, named for what it does.
+//!
+//! Architecture invariant: no other module builds or sends SQL. Every statement
+//! here is a fixed string; user values travel only as bind parameters. Every write
+//! made on behalf of an attempt compares `(id, lease_epoch, state = 'running')`
+//! under a row lock in the same statement (fencing). Statements that lock several
+//! run rows lock them in id order, and the claim and the reaper skip locked rows,
+//! so the engine's own statements cannot deadlock one another.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+/// The channel workers LISTEN on. Payloads are empty: a notification is only a hint.
+pub(crate) const WAKEUP_CHANNEL: &str = "durastep_wakeup";
+
+/// Applies the embedded migrations; tracking lives in `durastep._migrations`.
+pub(crate) async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
+    let mut migrator = sqlx::migrate!("../../migrations");
+    migrator.create_schema("durastep");
+    migrator.dangerous_set_table_name("durastep._migrations");
+    migrator.run(pool).await
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// A function definition as stored in `durastep.functions`.
+pub(crate) struct FunctionRow {
+    pub id: String,
+    pub triggers: Vec<String>,
+    pub max_attempts: i32,
+    pub has_on_failure: bool,
+}
+
+/// Upserts function definitions (sorted by id, so concurrent starts cannot deadlock).
+pub(crate) async fn register_functions(pool: &PgPool, rows: &mut [FunctionRow]) -> Result<(), sqlx::Error> {
+    rows.sort_by(|a, b| a.id.cmp(&b.id));
+    let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+    // Postgres has no array-of-arrays of different lengths: triggers travel as JSON.
+    let triggers: Vec<String> =
+        rows.iter().map(|r| serde_json::to_string(&r.triggers).unwrap_or_else(|_| "[]".into())).collect();
+    let attempts: Vec<i32> = rows.iter().map(|r| r.max_attempts).collect();
+    let on_failure: Vec<bool> = rows.iter().map(|r| r.has_on_failure).collect();
+    sqlx::query(
+        "INSERT INTO durastep.functions (id, triggers, max_attempts, has_on_failure, updated_at)
+         SELECT t.id, ARRAY(SELECT jsonb_array_elements_text(t.triggers::jsonb)), t.attempts, t.on_failure, now()
+           FROM unnest($1::text[], $2::text[], $3::int[], $4::bool[]) AS t(id, triggers, attempts, on_failure)
+         ON CONFLICT (id) DO UPDATE
+            SET triggers = EXCLUDED.triggers, max_attempts = EXCLUDED.max_attempts,
+                has_on_failure = EXCLUDED.has_on_failure, updated_at = now()",
+    )
+    .bind(&ids)
+    .bind(&triggers)
+    .bind(&attempts)
+    .bind(&on_failure)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// An event ready to insert: validated and serialized.
+pub(crate) struct NewEvent {
+    pub id: Uuid,
+    pub name: String,
+    pub payload: String,
+    pub idempotency_key: Option<String>,
+    pub start_at: Option<DateTime<Utc>>,
+    pub priority: i32,
+}
+
+/// What an insert did for one event, in input order.
+pub(crate) struct InsertedEvent {
+    pub event_id: Uuid,
+    pub run_ids: Vec<Uuid>,
+    pub duplicate: bool,
+}
+
+/// Stores events and fans each out into one run per function it triggers, in one
+/// statement. An event whose (name, idempotency key) is already stored inserts
+/// nothing and reports the stored event and its runs. Notifies the workers once
+/// if any run is due now.
+pub(crate) async fn insert_events(
+    conn: &mut PgConnection,
+    events: &[NewEvent],
+) -> Result<Vec<InsertedEvent>, sqlx::Error> {
+    let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
+    let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
+    let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
+    let keys: Vec<Option<&str>> = events.iter().map(|e| e.idempotency_key.as_deref()).collect();
+    let starts: Vec<Option<DateTime<Utc>>> = events.iter().map(|e| e.start_at).collect();
+    let priorities: Vec<i32> = events.iter().map(|e| e.priority).collect();
+    let rows = sqlx::query(
+        "WITH input AS (
+             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::int[])
+                 WITH ORDINALITY AS t(id, name, payload, idem, start_at, priority, ord)),
+         ev AS (
+             INSERT INTO durastep.events (id, name, payload, idempotency_key)
+             SELECT id, name, payload::jsonb, idem FROM input ORDER BY name, idem, ord
+             ON CONFLICT DO NOTHING
+             RETURNING id),
+         r AS (
+             INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, priority)
+             SELECT gen_random_uuid(), f.id, i.id, 'queued', coalesce(i.start_at, durastep.now()),
+                    f.max_attempts, i.priority
+               FROM input i JOIN ev ON ev.id = i.id
+               JOIN durastep.functions f ON i.name = ANY (f.triggers)
+             RETURNING id, event_id, run_at)
+         SELECT i.ord, i.id, (ev.id IS NOT NULL) AS inserted,
+                ARRAY(SELECT r.id FROM r WHERE r.event_id = i.id ORDER BY r.id) AS run_ids,
+                (SELECT pg_notify('durastep_wakeup', '')
+                  WHERE EXISTS (SELECT 1 FROM r WHERE r.run_at <= durastep.now())) IS NULL AS _n
+           FROM input i LEFT JOIN ev ON ev.id = i.id
+          ORDER BY i.ord",
+    )
+    .bind(&ids)
+    .bind(&names)
+    .bind(&payloads)
+    .bind(&keys)
+    .bind(&starts)
+    .bind(&priorities)
+    .fetch_all(&mut *conn)
+    .await?;
+
+    let mut out = Vec::with_capacity(rows.len());
+    let mut duplicates = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        let inserted: bool = row.try_get("inserted")?;
+        if !inserted {
+            duplicates.push(i);
+        }
+        out.push(InsertedEvent {
+            event_id: row.try_get("id")?,
+            run_ids: row.try_get("run_ids")?,
+            duplicate: !inserted,
+        });
+    }
+    if !duplicates.is_empty() {
+        let names: Vec<&str> = duplicates.iter().map(|&i| events[i].name.as_str()).collect();
+        let keys: Vec<&str> = duplicates.iter().map(|&i| events[i].idempotency_key.as_deref().unwrap_or("")).collect();
+        let rows = sqlx::query(
+            "SELECT t.ord, e.id, ARRAY(SELECT r.id FROM durastep.runs r WHERE r.event_id = e.id ORDER BY r.id) AS run_ids
+               FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(name, idem, ord)
+               JOIN durastep.events e ON e.name = t.name AND e.idempotency_key = t.idem",
+        )
+        .bind(&names)
+        .bind(&keys)
+        .fetch_all(&mut *conn)
+        .await?;
+        for row in rows {
+            let ord: i64 = row.try_get("ord")?;
+            let slot = &mut out[duplicates[(ord - 1) as usize]];
+            slot.event_id = row.try_get("id")?;
+            slot.run_ids = row.try_get("run_ids")?;
+        }
+    }
+    Ok(out)
+}
+
+/// A run a worker has claimed, with everything its attempt needs.
+pub(crate) struct ClaimedRun {
+    pub id: Uuid,
+    pub function_id: String,
+    pub event_id: Uuid,
+    pub attempt: i32,
+    pub lease_epoch: i64,
+    pub payload: Value,
+    pub steps: HashMap<String, Value>,
+    pub db_now: DateTime<Utc>,
+}
+
+/// Claims up to `limit` due runs of the given functions, in priority then due
+/// order, skipping rows other workers hold; bumps each run's lease epoch and
+/// returns its input and every stored step result (one round trip in all).
+pub(crate) async fn claim_runnable(
+    pool: &PgPool,
+    functions: &[String],
+    limit: i64,
+    lease: Duration,
+    worker_id: Uuid,
+) -> Result<Vec<ClaimedRun>, sqlx::Error> {
+    let rows = sqlx::query(
+        "WITH due AS (
+             SELECT id FROM durastep.runs
+              WHERE state IN ('queued', 'sleeping') AND run_at <= durastep.now()
+                AND function_id = ANY ($1)
+              ORDER BY priority DESC, run_at
+              LIMIT $2
+              FOR UPDATE SKIP LOCKED)
+         UPDATE durastep.runs r
+            SET state = 'running', lease_epoch = r.lease_epoch + 1,
+                lease_expires_at = durastep.now() + make_interval(secs => $3),
+                worker_id = $4, started_at = coalesce(r.started_at, durastep.now())
+           FROM due, durastep.events e
+          WHERE r.id = due.id AND e.id = r.event_id
+         RETURNING r.id, r.function_id, r.event_id, r.attempt, r.lease_epoch, e.payload,
+                   durastep.now() AS db_now,
+                   (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
+                      FROM durastep.step_results s WHERE s.run_id = r.id) AS steps",
+    )
+    .bind(functions)
+    .bind(limit)
+    .bind(secs(lease))
+    .bind(worker_id)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|row| {
+            let steps: Value = row.try_get("steps")?;
+            let steps = match steps {
+                Value::Object(map) => map.into_iter().collect(),
+                _ => HashMap::new(),
+            };
+            Ok(ClaimedRun {
+                id: row.try_get("id")?,
+                function_id: row.try_get("function_id")?,
+                event_id: row.try_get("event_id")?,
+                attempt: row.try_get("attempt")?,
+                lease_epoch: row.try_get("lease_epoch")?,
+                payload: row.try_get("payload")?,
+                steps,
+                db_now: row.try_get("db_now")?,
+            })
+        })
+        .collect()
+}
+
+/// How long until the earliest due run of these functions (None: nothing scheduled).
+pub(crate) async fn next_due_in(pool: &PgPool, functions: &[String]) -> Result<Option<Duration>, sqlx::Error> {
+    let secs: Option<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM min(run_at) - durastep.now())::float8 FROM durastep.runs
+          WHERE state IN ('queued', 'sleeping') AND function_id = ANY ($1)",
+    )
+    .bind(functions)
+    .fetch_one(pool)
+    .await?;
+    Ok(secs.map(|s| Duration::from_secs_f64(s.max(0.0))))
+}
+
+/// Extends the leases of the given (run, epoch) pairs; returns the runs still held.
+pub(crate) async fn extend_leases(
+    pool: &PgPool,
+    held: &[(Uuid, i64)],
+    lease: Duration,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    let ids: Vec<Uuid> = held.iter().map(|h| h.0).collect();
+    let epochs: Vec<i64> = held.iter().map(|h| h.1).collect();
+    sqlx::query_scalar(
+        "WITH h AS (SELECT * FROM unnest($1::uuid[], $2::bigint[]) AS t(id, epoch)),
+         l AS (SELECT r.id FROM durastep.runs r JOIN h ON r.id = h.id AND r.lease_epoch = h.epoch
+                WHERE r.state = 'running' ORDER BY r.id FOR NO KEY UPDATE OF r)
+         UPDATE durastep.runs r SET lease_expires_at = durastep.now() + make_interval(secs => $3)
+           FROM l WHERE r.id = l.id
+         RETURNING r.id",
+    )
+    .bind(&ids)
+    .bind(&epochs)
+    .bind(secs(lease))
+    .fetch_all(pool)
+    .await
+}
+
+/// Runs whose lease has expired: candidates for the reaper.
+pub(crate) async fn find_expired_leases(pool: &PgPool, limit: i64) -> Result<Vec<(Uuid, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, lease_epoch FROM durastep.runs
+          WHERE state = 'running' AND lease_expires_at < durastep.now()
+          ORDER BY lease_expires_at LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// Takes expired runs back, as a compare-and-set on (id, epoch, running, expired):
+/// a run that finished or was re-claimed since it was seen is left alone. The
+/// lost attempt counts; a run out of attempts is failed.
+pub(crate) async fn reap_expired(pool: &PgPool, seen: &[(Uuid, i64)]) -> Result<Vec<(Uuid, String)>, sqlx::Error> {
+    let ids: Vec<Uuid> = seen.iter().map(|h| h.0).collect();
+    let epochs: Vec<i64> = seen.iter().map(|h| h.1).collect();
+    sqlx::query_as(
+        "WITH c AS (SELECT * FROM unnest($1::uuid[], $2::bigint[]) AS t(id, epoch)),
+         l AS (SELECT r.id FROM durastep.runs r JOIN c ON r.id = c.id AND r.lease_epoch = c.epoch
+                WHERE r.state = 'running' AND r.lease_expires_at < durastep.now()
+                ORDER BY r.id FOR NO KEY UPDATE OF r SKIP LOCKED)
+         UPDATE durastep.runs r
+            SET state = CASE WHEN r.attempt >= r.max_attempts THEN 'failed' ELSE 'queued' END,
+                attempt = CASE WHEN r.attempt >= r.max_attempts THEN r.attempt ELSE r.attempt + 1 END,
+                finished_at = CASE WHEN r.attempt >= r.max_attempts THEN durastep.now() END,
+                run_at = durastep.now(), lease_expires_at = NULL, worker_id = NULL,
+                last_error = 'lease expired: the worker was lost during attempt ' || r.attempt
+           FROM l WHERE r.id = l.id
+         RETURNING r.id, r.state",
+    )
+    .bind(&ids)
+    .bind(&epochs)
+    .fetch_all(pool)
+    .await
+}
+
+/// One pending write of the group commit.
+pub(crate) enum PendingWrite {
+    /// Store a step result.
+    Checkpoint { run_id: Uuid, epoch: i64, key: String, output: String },
+    /// Complete the run with its output.
+    Complete { run_id: Uuid, epoch: i64, output: String },
+}
+
+/// What happened to one pending write.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum WriteOutcome {
+    /// Stored now.
+    Stored,
+    /// A result for this step was already stored; here it is (the stored value wins).
+    Adopted(Value),
+    /// The attempt no longer holds the run: nothing was written.
+    Fenced,
+}
+
+/// Group commit: stores every pending step result and completion in ONE
+/// statement (one transaction), each behind its own fencing check. Safe to
+/// repeat after an ambiguous commit: a repeated checkpoint adopts the stored
+/// row and a repeated completion is recognised by its epoch.
+pub(crate) async fn flush_writes(pool: &PgPool, writes: &[PendingWrite]) -> Result<Vec<WriteOutcome>, sqlx::Error> {
+    let (mut cp_run, mut cp_epoch, mut cp_key, mut cp_out) = (vec![], vec![], vec![], vec![]);
+    let (mut dn_run, mut dn_epoch, mut dn_out) = (vec![], vec![], vec![]);
+    for w in writes {
+        match w {
+            PendingWrite::Checkpoint { run_id, epoch, key, output } => {
+                cp_run.push(*run_id);
+                cp_epoch.push(*epoch);
+                cp_key.push(key.as_str());
+                cp_out.push(output.as_str());
+            }
+            PendingWrite::Complete { run_id, epoch, output } => {
+                dn_run.push(*run_id);
+                dn_epoch.push(*epoch);
+                dn_out.push(output.as_str());
+            }
+        }
+    }
+    let rows: Vec<(i32, i64, bool, bool)> = sqlx::query_as(
+        "WITH cp AS (
+             SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[])
+                 WITH ORDINALITY AS t(run_id, epoch, step_key, output, ord)),
+         dn AS (
+             SELECT * FROM unnest($5::uuid[], $6::bigint[], $7::text[])
+                 WITH ORDINALITY AS t(run_id, epoch, output, ord)),
+         l AS (
+             SELECT r.id, r.lease_epoch FROM durastep.runs r
+              WHERE r.id = ANY ($1::uuid[] || $5::uuid[]) AND r.state = 'running'
+              ORDER BY r.id FOR NO KEY UPDATE),
+         ins AS (
+             INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch)
+             SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch
+               FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
+             ON CONFLICT (run_id, step_key) DO NOTHING
+             RETURNING run_id, step_key),
+         fin AS (
+             UPDATE durastep.runs r
+                SET state = 'completed', output = dn.output::jsonb, finished_at = durastep.now(),
+                    lease_expires_at = NULL, worker_id = NULL
+               FROM dn JOIN l ON l.id = dn.run_id AND l.lease_epoch = dn.epoch
+              WHERE r.id = dn.run_id
+             RETURNING r.id)
+         SELECT 0, cp.ord, (l.id IS NOT NULL), (ins.run_id IS NOT NULL)
+           FROM cp LEFT JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
+           LEFT JOIN ins ON ins.run_id = cp.run_id AND ins.step_key = cp.step_key
+         UNION ALL
+         SELECT 1, dn.ord, (fin.id IS NOT NULL), (fin.id IS NOT NULL)
+           FROM dn LEFT JOIN fin ON fin.id = dn.run_id",
+    )
+    .bind(&cp_run)
+    .bind(&cp_epoch)
+    .bind(&cp_key)
+    .bind(&cp_out)
+    .bind(&dn_run)
+    .bind(&dn_epoch)
+    .bind(&dn_out)
+    .fetch_all(pool)
+    .await?;
+
+    let mut cp_result = vec![WriteOutcome::Fenced; cp_run.len()];
+    let mut dn_result = vec![WriteOutcome::Fenced; dn_run.len()];
+    let mut conflicts = Vec::new();
+    let mut unfinished = Vec::new();
+    for (kind, ord, live, written) in rows {
+        let i = (ord - 1) as usize;
+        match (kind, live, written) {
+            (0, true, true) => cp_result[i] = WriteOutcome::Stored,
+            (0, true, false) => conflicts.push(i),
+            (1, _, true) => dn_result[i] = WriteOutcome::Stored,
+            (1, _, false) => unfinished.push(i),
+            _ => {}
+        }
+    }
+    if !conflicts.is_empty() {
+        let runs: Vec<Uuid> = conflicts.iter().map(|&i| cp_run[i]).collect();
+        let keys: Vec<&str> = conflicts.iter().map(|&i| cp_key[i]).collect();
+        let stored: Vec<(i64, Value)> = sqlx::query_as(
+            "SELECT t.ord, s.output
+               FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS t(run_id, step_key, ord)
+               JOIN durastep.step_results s ON s.run_id = t.run_id AND s.step_key = t.step_key",
+        )
+        .bind(&runs)
+        .bind(&keys)
+        .fetch_all(pool)
+        .await?;
+        for (ord, output) in stored {
+            cp_result[conflicts[(ord - 1) as usize]] = WriteOutcome::Adopted(output);
+        }
+    }
+    if !unfinished.is_empty() {
+        // A completion that matched nothing: either fenced, or our own earlier
+        // commit whose acknowledgement was lost.
+        let runs: Vec<Uuid> = unfinished.iter().map(|&i| dn_run[i]).collect();
+        let epochs: Vec<i64> = unfinished.iter().map(|&i| dn_epoch[i]).collect();
+        let done: Vec<i64> = sqlx::query_scalar(
+            "SELECT t.ord FROM unnest($1::uuid[], $2::bigint[]) WITH ORDINALITY AS t(run_id, epoch, ord)
+               JOIN durastep.runs r ON r.id = t.run_id AND r.lease_epoch = t.epoch AND r.state = 'completed'",
+        )
+        .bind(&runs)
+        .bind(&epochs)
+        .fetch_all(pool)
+        .await?;
+        for ord in done {
+            dn_result[unfinished[(ord - 1) as usize]] = WriteOutcome::Stored;
+        }
+    }
+    let (mut cp_iter, mut dn_iter) = (cp_result.into_iter(), dn_result.into_iter());
+    Ok(writes
+        .iter()
+        .map(|w| match w {
+            PendingWrite::Checkpoint { .. } => cp_iter.next(),
+            PendingWrite::Complete { .. } => dn_iter.next(),
+        })
+        .map(|o| o.unwrap_or(WriteOutcome::Fenced))
+        .collect())
+}
+
+/// The end of a failed attempt: retry after `delay`, or fail the run when it is
+/// out of attempts or the failure is permanent. Returns the new state, or None
+/// when the attempt no longer holds the run.
+pub(crate) async fn fail_attempt(
+    pool: &PgPool,
+    run_id: Uuid,
+    epoch: i64,
+    error: &str,
+    permanent: bool,
+    delay: Duration,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE durastep.runs
+            SET state = CASE WHEN $4 OR attempt >= max_attempts THEN 'failed' ELSE 'queued' END,
+                finished_at = CASE WHEN $4 OR attempt >= max_attempts THEN durastep.now() END,
+                run_at = CASE WHEN $4 OR attempt >= max_attempts THEN run_at
+                              ELSE durastep.now() + make_interval(secs => $5) END,
+                attempt = CASE WHEN $4 OR attempt >= max_attempts THEN attempt ELSE attempt + 1 END,
+                last_error = $3, lease_expires_at = NULL, worker_id = NULL
+          WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
+         RETURNING state",
+    )
+    .bind(run_id)
+    .bind(epoch)
+    .bind(error)
+    .bind(permanent)
+    .bind(secs(delay))
+    .fetch_optional(pool)
+    .await
+}
+
+/// Suspends a run until `wake_at` if that is still in the future by the database
+/// clock. Returns Some(true) if suspended, Some(false) if already due (the
+/// attempt goes on), None if fenced.
+pub(crate) async fn suspend_until(
+    pool: &PgPool,
+    run_id: Uuid,
+    epoch: i64,
+    wake_at: DateTime<Utc>,
+) -> Result<Option<bool>, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE durastep.runs
+            SET state = CASE WHEN $3 > durastep.now() THEN 'sleeping' ELSE 'running' END,
+                run_at = CASE WHEN $3 > durastep.now() THEN $3 ELSE run_at END,
+                lease_expires_at = CASE WHEN $3 > durastep.now() THEN NULL ELSE lease_expires_at END,
+                worker_id = CASE WHEN $3 > durastep.now() THEN NULL ELSE worker_id END
+          WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
+         RETURNING state = 'sleeping'",
+    )
+    .bind(run_id)
+    .bind(epoch)
+    .bind(wake_at)
+    .fetch_optional(pool)
+    .await
+}
+
+/// Gives a run back without counting the attempt (graceful shutdown).
+pub(crate) async fn release_run(pool: &PgPool, run_id: Uuid, epoch: i64) -> Result<bool, sqlx::Error> {
+    let r = sqlx::query(
+        "UPDATE durastep.runs SET state = 'queued', run_at = durastep.now(), lease_expires_at = NULL, worker_id = NULL
+          WHERE id = $1 AND lease_epoch = $2 AND state = 'running'",
+    )
+    .bind(run_id)
+    .bind(epoch)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Inside a `step_tx` transaction: locks the run if this attempt still holds it
+/// and stores the step result. Returns Ok(None) when stored, Ok(Some(v)) when a
+/// result was already stored (the caller rolls back and adopts it), and
+/// Err(Fenced) via `None` in the outer option when the attempt lost the run.
+pub(crate) async fn checkpoint_in_tx(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    epoch: i64,
+    key: &str,
+    output: &str,
+) -> Result<Option<Option<Value>>, sqlx::Error> {
+    let live: Option<i64> = sqlx::query_scalar(
+        "SELECT lease_epoch FROM durastep.runs WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
+            FOR NO KEY UPDATE",
+    )
+    .bind(run_id)
+    .bind(epoch)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if live.is_none() {
+        return Ok(None);
+    }
+    let inserted = sqlx::query(
+        "INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch)
+         VALUES ($1, $2, $3::jsonb, $4) ON CONFLICT (run_id, step_key) DO NOTHING",
+    )
+    .bind(run_id)
+    .bind(key)
+    .bind(output)
+    .bind(epoch)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if inserted == 1 {
+        return Ok(Some(None));
+    }
+    let stored = load_step(&mut *conn, run_id, key).await?;
+    Ok(Some(stored))
+}
+
+/// One stored step result.
+pub(crate) async fn load_step(conn: &mut PgConnection, run_id: Uuid, key: &str) -> Result<Option<Value>, sqlx::Error> {
+    sqlx::query_scalar("SELECT output FROM durastep.step_results WHERE run_id = $1 AND step_key = $2")
+        .bind(run_id)
+        .bind(key)
+        .fetch_optional(conn)
+        .await
+}
+
+/// A run as the inspection API shows it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct RunRow {
+    pub id: Uuid,
+    pub function_id: String,
+    pub event_id: Uuid,
+    pub state: String,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub run_at: DateTime<Utc>,
+    pub last_error: Option<String>,
+    pub output: Option<Value>,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// Loads one run.
+pub(crate) async fn load_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, function_id, event_id, state, attempt, max_attempts, run_at, last_error, output,
+                created_at, finished_at
+           FROM durastep.runs WHERE id = $1",
+    )
+    .bind(run_id)
+    .fetch_optional(pool)
+    .await
+}
+
+/// The database clock, as Durastep sees it (with the test offset).
+pub(crate) async fn db_now(pool: &PgPool) -> Result<DateTime<Utc>, sqlx::Error> {
+    sqlx::query_scalar("SELECT durastep.now()").fetch_one(pool).await
+}
+
+/// Moves the database clock forward (tests only; see `testing`).
+pub(crate) async fn advance_clock(pool: &PgPool, by: Duration) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE durastep.clock SET offset_by = offset_by + make_interval(secs => $1)")
+        .bind(secs(by))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Wakes listening workers (after the test clock moved, say).
+pub(crate) async fn notify_workers(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify('durastep_wakeup', '')").execute(pool).await?;
+    Ok(())
+}

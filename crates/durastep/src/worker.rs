@@ -1,0 +1,468 @@
+//! The worker: claims due runs, executes their attempts, keeps their leases,
+//! reaps the leases of lost workers, and shuts down gracefully.
+//!
+//! Architecture invariants: the worker never holds a database transaction open
+//! across user code (only `step_tx`, by the user's choice, does); heartbeats and
+//! the reaper use their own small pool, so a busy main pool cannot starve them;
+//! a run whose lease this worker may have lost (fenced by the database, or no
+//! successful heartbeat within one lease by the worker's own clock) has its
+//! handler dropped and gets no further writes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, Semaphore, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::checkpoint::{Writer, WriterConfig};
+use crate::ctx::{Ctx, CtxParts, Signal};
+use crate::engine::EngineInner;
+use crate::error::{Error, from_sqlx};
+use crate::failure::{HandlerError, HandlerResult};
+use crate::limits;
+use crate::store::{self, ClaimedRun, PendingWrite, WriteOutcome};
+
+/// How a worker runs; see [`crate::EngineBuilder::worker_options`].
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = durastep::WorkerOptions { max_in_flight: 256, lease: Duration::from_secs(60), ..Default::default() };
+/// assert_eq!(opts.claim_batch, 32);
+/// ```
+#[derive(Debug, Clone)]
+// Not #[non_exhaustive]: build it with `..Default::default()`, so new fields stay compatible.
+pub struct WorkerOptions {
+    /// Attempts executing at once in this worker (default 64).
+    pub max_in_flight: usize,
+    /// Runs claimed per round trip at most (default 32).
+    pub claim_batch: usize,
+    /// Longest wait between claims when no notification arrives (default 1 s):
+    /// the bound on how late a timer can fire.
+    pub poll_interval: Duration,
+    /// How long a claim holds a run without a heartbeat (default 30 s).
+    pub lease: Duration,
+    /// How often held leases are extended (default lease / 3).
+    pub heartbeat_interval: Duration,
+    /// How often this worker looks for expired leases to reap (default 5 s).
+    pub reap_interval: Duration,
+    /// On shutdown, how long running attempts may go on before they are released (default 30 s).
+    pub shutdown_grace: Duration,
+    /// Use LISTEN/NOTIFY for low latency (default true); polling alone still guarantees progress.
+    pub listen: bool,
+    /// Group-commit writer tasks (default 2).
+    pub writers: usize,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        WorkerOptions {
+            max_in_flight: 64,
+            claim_batch: 32,
+            poll_interval: Duration::from_secs(1),
+            lease: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(10),
+            reap_interval: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(30),
+            listen: true,
+            writers: 2,
+        }
+    }
+}
+
+/// One attempt executing in this worker.
+struct Held {
+    epoch: i64,
+    lost: CancellationToken,
+    last_extended: Instant,
+}
+
+type HeldRuns = Arc<Mutex<HashMap<Uuid, Held>>>;
+
+fn lock(held: &HeldRuns) -> std::sync::MutexGuard<'_, HashMap<Uuid, Held>> {
+    held.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs one worker until `shutdown` is cancelled.
+pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -> Result<(), Error> {
+    let opts = engine.worker.clone();
+    let worker_id = Uuid::new_v4();
+    let functions: Vec<String> = engine.functions.keys().cloned().collect();
+    let span = tracing::info_span!("worker", %worker_id);
+    async move {
+        tracing::info!(functions = ?functions, "worker started");
+        let held: HeldRuns = Arc::default();
+        let wake = Arc::new(Notify::new());
+        let slot_freed = Arc::new(Notify::new());
+        let stop_background = CancellationToken::new();
+        let (writer, writer_tasks) = Writer::spawn(
+            engine.pool.clone(),
+            WriterConfig { tasks: opts.writers, max_batch: 512, retry_for: opts.lease },
+        );
+
+        let mut background = vec![
+            tokio::spawn(heartbeat_loop(engine.clone(), held.clone(), stop_background.clone())),
+            tokio::spawn(reaper_loop(engine.clone(), stop_background.clone())),
+        ];
+        if opts.listen {
+            background.push(tokio::spawn(listen_loop(engine.clone(), wake.clone(), stop_background.clone())));
+        }
+
+        let slots = Arc::new(Semaphore::new(opts.max_in_flight.max(1)));
+        let mut executors = tokio::task::JoinSet::new();
+        let mut failures = 0u32;
+        loop {
+            if shutdown.is_cancelled() {
+                break;
+            }
+            while executors.try_join_next().is_some() {}
+            let free = slots.available_permits();
+            if free == 0 {
+                tokio::select! {
+                    _ = slot_freed.notified() => continue,
+                    _ = shutdown.cancelled() => break,
+                }
+            }
+            let want = free.min(opts.claim_batch.max(1));
+            crate::failpoint!("claim-before-commit");
+            let claimed = store::claim_runnable(&engine.pool, &functions, want as i64, opts.lease, worker_id).await;
+            let claimed = match claimed {
+                Ok(runs) => {
+                    failures = 0;
+                    runs
+                }
+                Err(e) => {
+                    failures += 1;
+                    let backoff = Duration::from_millis(50 * 2u64.pow(failures.min(7))).min(Duration::from_secs(5));
+                    tracing::warn!(error = %e, ?backoff, "claim failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => continue,
+                        _ = shutdown.cancelled() => break,
+                    }
+                }
+            };
+            crate::failpoint!("claim-after-commit");
+            let got = claimed.len();
+            for run in claimed {
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    // Cannot happen (we claimed at most `free`), but never run unbounded.
+                    let _ = store::release_run(&engine.pool, run.id, run.lease_epoch).await;
+                    continue;
+                };
+                let lost = CancellationToken::new();
+                lock(&held).insert(run.id, Held { epoch: run.lease_epoch, lost: lost.clone(), last_extended: Instant::now() });
+                let (engine, held, writer, slot_freed) = (engine.clone(), held.clone(), writer.clone(), slot_freed.clone());
+                executors.spawn(async move {
+                    let (run_id, epoch) = (run.id, run.lease_epoch);
+                    execute(&engine, run, writer, lost).await;
+                    let mut held = lock(&held);
+                    // A newer attempt of the same run may already be held here.
+                    if held.get(&run_id).is_some_and(|h| h.epoch == epoch) {
+                        held.remove(&run_id);
+                    }
+                    drop(held);
+                    drop(permit);
+                    slot_freed.notify_one();
+                });
+            }
+            if got > 0 {
+                continue;
+            }
+            let wait = match store::next_due_in(&engine.pool, &functions).await {
+                Ok(Some(d)) => d.min(opts.poll_interval),
+                _ => opts.poll_interval,
+            };
+            if wait.is_zero() {
+                // Due but claimed by someone else or not yet visible: do not spin.
+                tokio::task::yield_now().await;
+            }
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(wait.max(Duration::from_millis(5))) => {}
+                _ = shutdown.cancelled() => break,
+            }
+        }
+
+        // Graceful shutdown: no more claims; running attempts may finish within the grace.
+        tracing::info!(in_flight = executors.len(), "worker stopping");
+        let drained = tokio::time::timeout(opts.shutdown_grace, async { while executors.join_next().await.is_some() {} }).await;
+        if drained.is_err() {
+            let still: Vec<(Uuid, i64)> = {
+                let held = lock(&held);
+                held.iter().map(|(id, h)| (*id, h.epoch)).collect()
+            };
+            for (id, h) in lock(&held).iter() {
+                tracing::info!(run_id = %id, "releasing run at shutdown");
+                h.lost.cancel();
+            }
+            executors.shutdown().await;
+            for (id, epoch) in still {
+                if let Err(e) = store::release_run(&engine.pool, id, epoch).await {
+                    tracing::warn!(run_id = %id, error = %e, "could not release run; its lease will expire");
+                }
+            }
+        }
+        stop_background.cancel();
+        drop(writer);
+        for t in writer_tasks.into_iter().chain(background) {
+            let _ = t.await;
+        }
+        tracing::info!("worker stopped");
+        Ok(())
+    }
+    .instrument(span)
+    .await
+}
+
+/// How an attempt ended, before its end is written.
+enum Ending {
+    Returned(serde_json::Value),
+    Failed(HandlerError),
+    Stopped,
+}
+
+/// Executes one attempt of a claimed run and writes how it ended.
+async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: CancellationToken) {
+    let Some(function) = engine.functions.get(&run.function_id) else {
+        // Claimed only for registered functions; unreachable, but fail loudly rather than loop.
+        let _ = store::fail_attempt(&engine.pool, run.id, run.lease_epoch, "function not registered in this worker", true, Duration::ZERO).await;
+        return;
+    };
+    let attempt = u32::try_from(run.attempt).unwrap_or(1);
+    let span = tracing::info_span!("run", run_id = %run.id, function = %run.function_id, attempt);
+    let this = RunRef { id: run.id, lease_epoch: run.lease_epoch };
+    let (signal_tx, signal_rx) = oneshot::channel();
+    let ctx = Ctx::new(CtxParts {
+        run_id: run.id,
+        function_id: run.function_id.clone(),
+        event_id: run.event_id,
+        attempt,
+        epoch: run.lease_epoch,
+        stored: run.steps,
+        signal: signal_tx,
+        lost: lost.clone(),
+        writer: writer.clone(),
+        pool: engine.pool.clone(),
+        limits: engine.limits,
+        db_now: run.db_now,
+        claimed_at: Instant::now(),
+    });
+    async move {
+        let mut handle = tokio::spawn((function.handler)(ctx, run.payload).in_current_span());
+        let ending = tokio::select! {
+            biased;
+            joined = &mut handle => ending_of(joined),
+            signal = signal_rx => match signal {
+                Ok(Signal::StepFailed(e)) => {
+                    handle.abort();
+                    Ending::Failed(e)
+                }
+                Ok(Signal::Suspended) => {
+                    handle.abort();
+                    tracing::debug!("run suspended");
+                    Ending::Stopped
+                }
+                Ok(Signal::Fenced) => {
+                    handle.abort();
+                    tracing::warn!("attempt fenced: lease lost");
+                    Ending::Stopped
+                }
+                // Every Ctx is gone: the handler has returned (or panicked).
+                Err(_) => ending_of((&mut handle).await),
+            },
+            _ = lost.cancelled() => {
+                handle.abort();
+                tracing::warn!("lease lost; handler dropped");
+                Ending::Stopped
+            }
+        };
+        if lost.is_cancelled() {
+            return;
+        }
+        match ending {
+            Ending::Returned(output) => complete(engine, &this, &writer, output).await,
+            Ending::Failed(e) => fail(engine, &this, attempt, &function.backoff, e).await,
+            Ending::Stopped => {}
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn complete(engine: &EngineInner, run: &RunRef, writer: &Writer, output: serde_json::Value) {
+    let text = match limits::check_payload(&output, &engine.limits) {
+        Ok(t) => t,
+        Err(e) => {
+            let e = HandlerError::permanent(format!("run output refused: {e}"));
+            return fail(engine, run, 1, &crate::Backoff::default(), e).await;
+        }
+    };
+    crate::failpoint!("complete-before-commit");
+    match writer.write(PendingWrite::Complete { run_id: run.id, epoch: run.lease_epoch, output: text }).await {
+        Ok(WriteOutcome::Stored) => tracing::debug!("run completed"),
+        Ok(_) => tracing::warn!("completion fenced: lease lost"),
+        Err(e) => tracing::warn!(error = %e, "completion not stored; the lease will expire and the run be retried"),
+    }
+}
+
+/// The identity of an attempt: what every write after the claim compares.
+struct RunRef {
+    id: Uuid,
+    lease_epoch: i64,
+}
+
+async fn fail(engine: &EngineInner, run: &RunRef, attempt: u32, backoff: &crate::Backoff, e: HandlerError) {
+    let delay = e.retry_after_delay().unwrap_or_else(|| backoff.delay(attempt));
+    let mut tries = 0;
+    loop {
+        match store::fail_attempt(&engine.pool, run.id, run.lease_epoch, e.message(), e.is_permanent(), delay).await {
+            Ok(Some(state)) => {
+                if state == "failed" {
+                    tracing::warn!(error = %e, "run failed");
+                } else {
+                    tracing::info!(error = %e, retry_in = ?delay, "attempt failed; will retry");
+                }
+                return;
+            }
+            Ok(None) => return tracing::warn!("failure not recorded: lease lost"),
+            Err(err) if tries < 5 && crate::error::is_transient_sqlx(&err) => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(100 * tries)).await;
+            }
+            Err(err) => return tracing::warn!(error = %err, "failure not recorded; the lease will expire"),
+        }
+    }
+}
+
+fn ending_of(joined: Result<HandlerResult<serde_json::Value>, tokio::task::JoinError>) -> Ending {
+    match joined {
+        Ok(Ok(output)) => Ending::Returned(output),
+        Ok(Err(e)) => Ending::Failed(e),
+        Err(e) if e.is_panic() => Ending::Failed(HandlerError::new(format!("handler panicked: {}", panic_message(e.into_panic())))),
+        Err(_) => Ending::Stopped,
+    }
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}
+
+/// Extends every held lease in one statement per interval. A run the database
+/// no longer gives this worker, or whose lease could not be extended within one
+/// lease by this worker's own clock, has its handler dropped.
+async fn heartbeat_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: CancellationToken) {
+    let opts = &engine.worker;
+    let tick = opts.heartbeat_interval.min(opts.lease / 3).max(Duration::from_millis(10));
+    // Give up on a lease a little before it can expire in the database.
+    let own_clock_limit = opts.lease.mul_f64(0.9);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(tick) => {}
+            _ = stop.cancelled() => return,
+        }
+        let pairs: Vec<(Uuid, i64)> = lock(&held).iter().map(|(id, h)| (*id, h.epoch)).collect();
+        if pairs.is_empty() {
+            continue;
+        }
+        let sent_at = Instant::now();
+        #[cfg(feature = "failpoints")]
+        if crate::failpoints::eval("heartbeat").await {
+            continue;
+        }
+        match store::extend_leases(&engine.control_pool, &pairs, opts.lease).await {
+            Ok(still) => {
+                let still: std::collections::HashSet<Uuid> = still.into_iter().collect();
+                let mut held = lock(&held);
+                for (id, epoch) in &pairs {
+                    if let Some(h) = held.get_mut(id).filter(|h| h.epoch == *epoch) {
+                        if still.contains(id) {
+                            h.last_extended = sent_at;
+                        } else {
+                            tracing::warn!(run_id = %id, "lease lost (fenced); dropping handler");
+                            h.lost.cancel();
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+        }
+        for (id, h) in lock(&held).iter() {
+            if h.last_extended.elapsed() > own_clock_limit && !h.lost.is_cancelled() {
+                tracing::warn!(run_id = %id, "lease not extended in time by this worker's clock; dropping handler");
+                h.lost.cancel();
+            }
+        }
+    }
+}
+
+/// Takes back runs whose lease expired (their worker died or stalled).
+async fn reaper_loop(engine: Arc<EngineInner>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(engine.worker.reap_interval) => {}
+            _ = stop.cancelled() => return,
+        }
+        if let Err(e) = reap_once(&engine.control_pool).await {
+            tracing::warn!(error = %e, "reaper failed");
+        }
+    }
+}
+
+/// One reaper pass; returns how many runs were taken back.
+pub(crate) async fn reap_once(pool: &sqlx::PgPool) -> Result<usize, Error> {
+    let seen = store::find_expired_leases(pool, 100).await.map_err(from_sqlx)?;
+    if seen.is_empty() {
+        return Ok(0);
+    }
+    crate::failpoint!("reaper-between-select-and-update");
+    let reaped = store::reap_expired(pool, &seen).await.map_err(from_sqlx)?;
+    for (id, state) in &reaped {
+        tracing::warn!(run_id = %id, new_state = %state, "reaped run with expired lease");
+    }
+    Ok(reaped.len())
+}
+
+/// LISTEN for wake-up hints; reconnects with backoff. Polling covers any gap.
+async fn listen_loop(engine: Arc<EngineInner>, wake: Arc<Notify>, stop: CancellationToken) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let listener = async {
+            let mut l = sqlx::postgres::PgListener::connect_with(&engine.control_pool).await?;
+            l.listen(store::WAKEUP_CHANNEL).await?;
+            Ok::<_, sqlx::Error>(l)
+        };
+        let mut listener = tokio::select! {
+            l = listener => match l {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::debug!(error = %e, "listen failed; polling only until it reconnects");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = stop.cancelled() => return,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => return,
+        };
+        backoff = Duration::from_millis(100);
+        // A reconnect may have missed notifications: wake once.
+        wake.notify_one();
+        loop {
+            tokio::select! {
+                n = listener.try_recv() => match n {
+                    Ok(Some(_)) => wake.notify_one(),
+                    Ok(None) => { wake.notify_one(); } // connection lost and re-established by sqlx
+                    Err(_) => break,
+                },
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+}

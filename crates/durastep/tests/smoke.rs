@@ -1,0 +1,45 @@
+//! Smoke test: a multi-step run with a retry, end to end.
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use durastep::{Backoff, Ctx, Event, Function, HandlerError, RunState};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+#[sqlx::test(migrations = false)]
+async fn three_steps_and_a_retry(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let first = Arc::new(AtomicU32::new(0));
+    let flaky = Arc::new(AtomicU32::new(0));
+    let (f1, f2) = (first.clone(), flaky.clone());
+    let f = Function::new("smoke")
+        .on_event("smoke/go")
+        .backoff(Backoff::Fixed(Duration::ZERO))
+        .handler(move |ctx: Ctx, n: u32| {
+            let (f1, f2) = (f1.clone(), f2.clone());
+            async move {
+                let a: u32 = ctx.step("one", || async { f1.fetch_add(1, Ordering::SeqCst); Ok(n + 1) }).await?;
+                let b: u32 = ctx
+                    .step("two", || async {
+                        if f2.fetch_add(1, Ordering::SeqCst) == 0 {
+                            return Err(HandlerError::new("flaky"));
+                        }
+                        Ok(a * 10)
+                    })
+                    .await?;
+                Ok(b + 1)
+            }
+        });
+    let engine = common::engine(&opts, vec![f]).await;
+    let receipt = engine.send(Event::new("smoke/go", &4u32)).await.unwrap();
+    let w = common::spawn_worker(&engine);
+    let run = engine.wait_for_run(receipt.run_ids[0], Duration::from_secs(10)).await.unwrap();
+    w.stop().await;
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    assert_eq!(run.output, Some(serde_json::json!(51)));
+    assert_eq!(first.load(Ordering::SeqCst), 1);
+    assert_eq!(flaky.load(Ordering::SeqCst), 2);
+    assert_eq!(run.attempt, 2);
+}
