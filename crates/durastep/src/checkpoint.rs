@@ -90,7 +90,11 @@ async fn writer_task(
     }
 }
 
-async fn flush_with_retry(pool: &PgPool, writes: &[PendingWrite], retry_for: Duration) -> Result<Vec<WriteOutcome>, sqlx::Error> {
+async fn flush_with_retry(
+    pool: &PgPool,
+    writes: &[PendingWrite],
+    retry_for: Duration,
+) -> Result<Vec<WriteOutcome>, sqlx::Error> {
     let started = Instant::now();
     let mut delay = Duration::from_millis(20);
     loop {

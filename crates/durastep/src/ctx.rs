@@ -213,7 +213,12 @@ impl Ctx {
             Err(e) => return Err(HandlerError::permanent(format!("step {key}: output refused: {e}"))),
         };
         crate::failpoint!("step-after-body", Err(HandlerError::new("failpoint step-after-body")));
-        let write = PendingWrite::Checkpoint { run_id: self.inner.run_id, epoch: self.inner.epoch, key: key.to_owned(), output };
+        let write = PendingWrite::Checkpoint {
+            run_id: self.inner.run_id,
+            epoch: self.inner.epoch,
+            key: key.to_owned(),
+            output,
+        };
         match self.inner.writer.write(write).await {
             Ok(WriteOutcome::Stored) => {
                 crate::failpoint!("step-after-checkpoint", Err(HandlerError::new("failpoint step-after-checkpoint")));

@@ -335,7 +335,12 @@ impl EngineBuilder {
             });
             if let Some(handler) = f.on_failure {
                 let id = format!("{}/on-failure", f.id);
-                rows.push(store::FunctionRow { id: id.clone(), triggers: vec![], max_attempts: 4, has_on_failure: false });
+                rows.push(store::FunctionRow {
+                    id: id.clone(),
+                    triggers: vec![],
+                    max_attempts: 4,
+                    has_on_failure: false,
+                });
                 functions.insert(id, Registered { handler, backoff: Backoff::default() });
             }
             functions.insert(f.id, Registered { handler: f.handler, backoff: f.backoff });

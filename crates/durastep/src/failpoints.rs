@@ -122,4 +122,3 @@ pub async fn eval(name: &str) -> bool {
         }
     }
 }
-

@@ -85,7 +85,9 @@ impl Default for Backoff {
 impl fmt::Debug for Backoff {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Backoff::Exponential { base, max } => f.debug_struct("Exponential").field("base", base).field("max", max).finish(),
+            Backoff::Exponential { base, max } => {
+                f.debug_struct("Exponential").field("base", base).field("max", max).finish()
+            }
             Backoff::Fixed(d) => f.debug_tuple("Fixed").field(d).finish(),
             Backoff::Custom(_) => f.write_str("Custom(..)"),
         }

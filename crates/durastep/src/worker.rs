@@ -152,8 +152,10 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     continue;
                 };
                 let lost = CancellationToken::new();
-                lock(&held).insert(run.id, Held { epoch: run.lease_epoch, lost: lost.clone(), last_extended: Instant::now() });
-                let (engine, held, writer, slot_freed) = (engine.clone(), held.clone(), writer.clone(), slot_freed.clone());
+                lock(&held)
+                    .insert(run.id, Held { epoch: run.lease_epoch, lost: lost.clone(), last_extended: Instant::now() });
+                let (engine, held, writer, slot_freed) =
+                    (engine.clone(), held.clone(), writer.clone(), slot_freed.clone());
                 executors.spawn(async move {
                     let (run_id, epoch) = (run.id, run.lease_epoch);
                     execute(&engine, run, writer, lost).await;
@@ -187,7 +189,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
 
         // Graceful shutdown: no more claims; running attempts may finish within the grace.
         tracing::info!(in_flight = executors.len(), "worker stopping");
-        let drained = tokio::time::timeout(opts.shutdown_grace, async { while executors.join_next().await.is_some() {} }).await;
+        let drained =
+            tokio::time::timeout(opts.shutdown_grace, async { while executors.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             let still: Vec<(Uuid, i64)> = {
                 let held = lock(&held);
@@ -227,7 +230,15 @@ enum Ending {
 async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: CancellationToken) {
     let Some(function) = engine.functions.get(&run.function_id) else {
         // Claimed only for registered functions; unreachable, but fail loudly rather than loop.
-        let _ = store::fail_attempt(&engine.pool, run.id, run.lease_epoch, "function not registered in this worker", true, Duration::ZERO).await;
+        let _ = store::fail_attempt(
+            &engine.pool,
+            run.id,
+            run.lease_epoch,
+            "function not registered in this worker",
+            true,
+            Duration::ZERO,
+        )
+        .await;
         return;
     };
     let attempt = u32::try_from(run.attempt).unwrap_or(1);
@@ -340,7 +351,9 @@ fn ending_of(joined: Result<HandlerResult<serde_json::Value>, tokio::task::JoinE
     match joined {
         Ok(Ok(output)) => Ending::Returned(output),
         Ok(Err(e)) => Ending::Failed(e),
-        Err(e) if e.is_panic() => Ending::Failed(HandlerError::new(format!("handler panicked: {}", panic_message(e.into_panic())))),
+        Err(e) if e.is_panic() => {
+            Ending::Failed(HandlerError::new(format!("handler panicked: {}", panic_message(e.into_panic()))))
+        }
         Err(_) => Ending::Stopped,
     }
 }

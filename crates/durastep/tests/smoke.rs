@@ -14,13 +14,16 @@ async fn three_steps_and_a_retry(_p: PgPoolOptions, opts: PgConnectOptions) {
     let first = Arc::new(AtomicU32::new(0));
     let flaky = Arc::new(AtomicU32::new(0));
     let (f1, f2) = (first.clone(), flaky.clone());
-    let f = Function::new("smoke")
-        .on_event("smoke/go")
-        .backoff(Backoff::Fixed(Duration::ZERO))
-        .handler(move |ctx: Ctx, n: u32| {
+    let f = Function::new("smoke").on_event("smoke/go").backoff(Backoff::Fixed(Duration::ZERO)).handler(
+        move |ctx: Ctx, n: u32| {
             let (f1, f2) = (f1.clone(), f2.clone());
             async move {
-                let a: u32 = ctx.step("one", || async { f1.fetch_add(1, Ordering::SeqCst); Ok(n + 1) }).await?;
+                let a: u32 = ctx
+                    .step("one", || async {
+                        f1.fetch_add(1, Ordering::SeqCst);
+                        Ok(n + 1)
+                    })
+                    .await?;
                 let b: u32 = ctx
                     .step("two", || async {
                         if f2.fetch_add(1, Ordering::SeqCst) == 0 {
@@ -31,7 +34,8 @@ async fn three_steps_and_a_retry(_p: PgPoolOptions, opts: PgConnectOptions) {
                     .await?;
                 Ok(b + 1)
             }
-        });
+        },
+    );
     let engine = common::engine(&opts, vec![f]).await;
     let receipt = engine.send(Event::new("smoke/go", &4u32)).await.unwrap();
     let w = common::spawn_worker(&engine);

@@ -76,6 +76,9 @@ pub fn url_of(opts: &PgConnectOptions) -> String {
 /// Logs to the test output when RUST_LOG is set (tests only; the library never installs a subscriber).
 pub fn init_logs() {
     if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
     }
 }
