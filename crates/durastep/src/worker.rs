@@ -261,7 +261,9 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
         claimed_at: Instant::now(),
     });
     async move {
-        let mut handle = tokio::spawn((function.handler)(ctx, run.payload).in_current_span());
+        // Aborted when dropped: if this executor is cancelled (shutdown), user code stops too.
+        let mut handle =
+            tokio_util::task::AbortOnDropHandle::new(tokio::spawn((function.handler)(ctx, run.payload).in_current_span()));
         let ending = tokio::select! {
             biased;
             joined = &mut handle => ending_of(joined),
