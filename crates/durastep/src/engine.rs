@@ -11,6 +11,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::codec::{self, Keyring};
 use crate::error::{Error, from_sqlx};
 use crate::event::{Event, SendReceipt};
 use crate::function::{Backoff, ErasedHandler, Function};
@@ -31,6 +32,8 @@ pub(crate) struct EngineInner {
     pub functions: HashMap<String, Registered>,
     pub limits: Limits,
     pub worker: WorkerOptions,
+    /// Seals step outputs and run outputs at rest, when set.
+    pub keyring: Option<Arc<Keyring>>,
 }
 
 /// The handle to Durastep: sends events, runs workers, reads runs. Cheap to clone.
@@ -69,6 +72,7 @@ pub struct EngineBuilder {
     limits: Limits,
     worker: WorkerOptions,
     max_connections: u32,
+    keyring: Option<Keyring>,
 }
 
 impl Engine {
@@ -87,6 +91,7 @@ impl Engine {
             limits: Limits::default(),
             worker: WorkerOptions::default(),
             max_connections: 10,
+            keyring: None,
         }
     }
 
@@ -169,7 +174,13 @@ impl Engine {
     /// ```
     pub async fn run(&self, run_id: Uuid) -> Result<Run, Error> {
         let row = store::load_run(&self.inner.pool, run_id).await.map_err(from_sqlx)?;
-        row.map(Run::from).ok_or(Error::UnknownRun(run_id))
+        let mut run = row.map(Run::from).ok_or(Error::UnknownRun(run_id))?;
+        // Shown opened when this engine holds the key; otherwise as stored (sealed).
+        if let (Some(keyring), Some(output)) = (self.inner.keyring.as_deref(), run.output.take()) {
+            let aad = codec::output_aad(run_id);
+            run.output = Some(keyring.open(&aad, output.clone()).unwrap_or(output));
+        }
+        Ok(run)
     }
 
     /// Waits until a run is completed, failed or cancelled, checking every 20 ms,
@@ -307,6 +318,19 @@ impl EngineBuilder {
         self
     }
 
+    /// Encrypts step outputs and run outputs at rest with this keyring
+    /// (XChaCha20-Poly1305, bound to their run and step). Every engine that runs
+    /// or inspects these functions needs the keyring; see [`Keyring`] for rotation.
+    ///
+    /// ```
+    /// let b = durastep::Engine::builder().encryption(durastep::Keyring::new("k1", [9u8; 32]));
+    /// # let _ = b;
+    /// ```
+    pub fn encryption(mut self, keyring: Keyring) -> Self {
+        self.keyring = Some(keyring);
+        self
+    }
+
     /// Validates the functions, connects, migrates (unless told not to) and
     /// registers the functions.
     ///
@@ -369,7 +393,14 @@ impl EngineBuilder {
         }
         store::register_functions(&pool, &mut rows).await.map_err(from_sqlx)?;
         Ok(Engine {
-            inner: Arc::new(EngineInner { pool, control_pool, functions, limits: self.limits, worker: self.worker }),
+            inner: Arc::new(EngineInner {
+                pool,
+                control_pool,
+                functions,
+                limits: self.limits,
+                worker: self.worker,
+                keyring: self.keyring.map(Arc::new),
+            }),
         })
     }
 }

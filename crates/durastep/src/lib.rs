@@ -94,6 +94,7 @@ macro_rules! failpoint {
 pub(crate) use failpoint;
 
 mod checkpoint;
+mod codec;
 mod ctx;
 mod engine;
 mod error;
@@ -107,6 +108,7 @@ mod store;
 pub mod testing;
 mod worker;
 
+pub use codec::{CodecError, Keyring};
 pub use ctx::{Ctx, TxFuture};
 pub use engine::{Engine, EngineBuilder, Run, RunState, migrate};
 pub use error::Error;

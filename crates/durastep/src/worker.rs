@@ -257,6 +257,7 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
         writer: writer.clone(),
         pool: engine.pool.clone(),
         limits: engine.limits,
+        keyring: engine.keyring.clone(),
         db_now: run.db_now,
         claimed_at: Instant::now(),
     });
@@ -306,7 +307,7 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
 
 async fn complete(engine: &EngineInner, run: &RunRef, writer: &Writer, output: serde_json::Value) {
     let text = match limits::check_payload(&output, &engine.limits) {
-        Ok(t) => t,
+        Ok(t) => crate::codec::seal_text(engine.keyring.as_deref(), &crate::codec::output_aad(run.id), t),
         Err(e) => {
             let e = HandlerError::permanent(format!("run output refused: {e}"));
             return fail(engine, run, 1, &crate::Backoff::default(), e).await;
