@@ -23,6 +23,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::checkpoint::Writer;
+use crate::codec::{self, Keyring};
 use crate::failure::{HandlerError, HandlerResult};
 use crate::limits::{self, Limits};
 use crate::store::{self, PendingWrite, WriteOutcome};
@@ -56,6 +57,7 @@ struct Inner {
     writer: Writer,
     pool: PgPool,
     limits: Limits,
+    keyring: Option<Arc<Keyring>>,
     /// The database clock at the claim, and when the claim answered: the
     /// database time now is at least `db_now + claimed_at.elapsed()`.
     db_now: DateTime<Utc>,
@@ -94,6 +96,7 @@ pub(crate) struct CtxParts {
     pub writer: Writer,
     pub pool: PgPool,
     pub limits: Limits,
+    pub keyring: Option<Arc<Keyring>>,
     pub db_now: DateTime<Utc>,
     pub claimed_at: Instant,
 }
@@ -114,6 +117,7 @@ impl Ctx {
                 writer: p.writer,
                 pool: p.pool,
                 limits: p.limits,
+                keyring: p.keyring,
                 db_now: p.db_now,
                 claimed_at: p.claimed_at,
             }),
@@ -183,11 +187,7 @@ impl Ctx {
 
     /// The step key of the next call of `name`: the name, then `name#2`, `name#3` ...
     fn next_key(&self, name: &str) -> Result<String, HandlerError> {
-        limits::check_name("step name", name, &self.inner.limits)
-            .map_err(|e| HandlerError::permanent(e.to_string()))?;
-        if name.contains('#') {
-            return Err(HandlerError::permanent(format!("step name {name:?} must not contain '#'")));
-        }
+        limits::check_step_name(name, &self.inner.limits).map_err(|e| HandlerError::permanent(e.to_string()))?;
         let mut counters = self.inner.counters.lock().unwrap_or_else(|p| p.into_inner());
         let n = counters.entry(name.to_owned()).or_insert(0);
         *n += 1;
@@ -195,8 +195,21 @@ impl Ctx {
     }
 
     fn stored<T: DeserializeOwned>(&self, key: &str) -> Option<HandlerResult<T>> {
-        let stored = self.inner.stored.lock().unwrap_or_else(|p| p.into_inner());
-        stored.get(key).map(|v| decode(key, v.clone()))
+        let value = self.inner.stored.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned()?;
+        Some(self.open(key, value))
+    }
+
+    /// Opens (when sealed) and decodes a stored step result.
+    fn open<T: DeserializeOwned>(&self, key: &str, value: Value) -> HandlerResult<T> {
+        let aad = codec::step_aad(self.inner.run_id, key);
+        let value = codec::open_value(self.inner.keyring.as_deref(), &aad, value)
+            .map_err(|e| HandlerError::permanent(format!("step {key}: stored output cannot be opened: {e}")))?;
+        decode(key, value)
+    }
+
+    /// Seals (when a keyring is set) a checked step output.
+    fn seal(&self, key: &str, text: String) -> String {
+        codec::seal_text(self.inner.keyring.as_deref(), &codec::step_aad(self.inner.run_id, key), text)
     }
 
     /// Ends the attempt: tells the executor why, then never returns.
@@ -209,7 +222,7 @@ impl Ctx {
 
     async fn checkpoint(&self, key: &str, value: Value) -> HandlerResult<Option<Value>> {
         let output = match limits::check_payload(&value, &self.inner.limits) {
-            Ok(text) => text,
+            Ok(text) => self.seal(key, text),
             Err(e) => return Err(HandlerError::permanent(format!("step {key}: output refused: {e}"))),
         };
         crate::failpoint!("step-after-body", Err(HandlerError::new("failpoint step-after-body")));
@@ -282,7 +295,7 @@ impl Ctx {
                 };
                 match ctx.checkpoint(&key, json).await {
                     Ok(None) => Ok(value),
-                    Ok(Some(stored)) => decode(&key, stored),
+                    Ok(Some(stored)) => ctx.open(&key, stored),
                     Err(e) => ctx.stop(Signal::StepFailed(e)).await,
                 }
             }
@@ -325,7 +338,7 @@ impl Ctx {
             }
             match ctx.run_step_tx(&key, f).await {
                 Ok(TxOutcome::Committed(v)) => Ok(v),
-                Ok(TxOutcome::Adopted(stored)) => decode(&key, stored),
+                Ok(TxOutcome::Adopted(stored)) => ctx.open(&key, stored),
                 Ok(TxOutcome::Fenced) => ctx.stop(Signal::Fenced).await,
                 Err(e) => ctx.stop(Signal::StepFailed(e)).await,
             }
@@ -345,6 +358,7 @@ impl Ctx {
             .map_err(|e| HandlerError::permanent(format!("step {key}: output does not serialize: {e}")))?;
         let text = limits::check_payload(&json, &self.inner.limits)
             .map_err(|e| HandlerError::permanent(format!("step {key}: output refused: {e}")))?;
+        let text = self.seal(key, text);
         match store::checkpoint_in_tx(&mut tx, self.inner.run_id, self.inner.epoch, key, &text).await.map_err(db)? {
             None => return Ok(TxOutcome::Fenced),
             Some(Some(stored)) => return Ok(TxOutcome::Adopted(stored)),
@@ -408,7 +422,7 @@ impl Ctx {
                 let record = serde_json::to_value(SleepRecord { wake_at }).map_err(HandlerError::from)?;
                 match self.checkpoint(key, record).await? {
                     None => wake_at,
-                    Some(stored) => decode::<SleepRecord>(key, stored)?.wake_at,
+                    Some(stored) => self.open::<SleepRecord>(key, stored)?.wake_at,
                 }
             }
         };
