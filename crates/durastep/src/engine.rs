@@ -176,7 +176,10 @@ impl Engine {
         let row = store::load_run(&self.inner.pool, run_id).await.map_err(from_sqlx)?;
         let mut run = row.map(Run::from).ok_or(Error::UnknownRun(run_id))?;
         // Shown opened when this engine holds the key; otherwise as stored (sealed).
-        if let (Some(keyring), Some(output)) = (self.inner.keyring.as_deref(), run.output.take()) {
+        // (The keyring is checked first: `take()` must not run without one.)
+        if let Some(keyring) = self.inner.keyring.as_deref()
+            && let Some(output) = run.output.take()
+        {
             let aad = codec::output_aad(run_id);
             run.output = Some(keyring.open(&aad, output.clone()).unwrap_or(output));
         }
