@@ -135,7 +135,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 }
                 Err(e) => {
                     failures += 1;
-                    let backoff = Duration::from_millis(50 * 2u64.pow(failures.min(7))).min(Duration::from_secs(5));
+                    let backoff = Duration::from_millis(50 * 2u64.pow(failures.min(7))).min(Duration::from_secs(1));
                     tracing::warn!(error = %e, ?backoff, "claim failed; retrying");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => continue,
@@ -461,7 +461,7 @@ async fn listen_loop(engine: Arc<EngineInner>, wake: Arc<Notify>, stop: Cancella
                         _ = tokio::time::sleep(backoff) => {}
                         _ = stop.cancelled() => return,
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
                     continue;
                 }
             },
