@@ -55,14 +55,24 @@
 //! - **Steps.** [`Ctx::step`] runs a closure once per run and stores its
 //!   output; [`Ctx::step_tx`] commits its database writes with its checkpoint.
 //!   Use [`Ctx::idempotency_key`] for the external APIs a step calls.
-//! - **Failures.** A step or handler returns [`HandlerError`]; the attempt ends
-//!   and the run is retried with the function's [`Backoff`]; after the last
-//!   attempt the run is `failed` and its `on_failure` handler runs once.
-//! - **Sleep.** [`Ctx::sleep`] and [`Ctx::sleep_until`] suspend the run; the
-//!   database clock decides when it is due.
+//!   A step that fails ends the attempt; its error is not returned to the handler.
+//! - **Failures.** A step or handler returns [`HandlerError`] (or panics); the
+//!   attempt ends and the run is retried with the function's [`Backoff`] (or
+//!   after [`HandlerError::retry_after`]'s delay), and finished steps replay.
+//!   After the last attempt, or at once for [`HandlerError::permanent`], the run
+//!   is `failed` and its [`FunctionBuilder::on_failure`] handler runs once.
+//! - **Sleep.** [`Ctx::sleep`] and [`Ctx::sleep_until`] suspend the run: no
+//!   worker is held, and the database clock decides when it is due.
 //! - **Workers.** [`Engine::run_worker`] claims due runs with `FOR UPDATE SKIP
 //!   LOCKED`, holds each under a lease with a fencing epoch, and group-commits
-//!   checkpoints. See `docs/guarantees.md` for exactly what is promised.
+//!   checkpoints; cancelling its token shuts it down gracefully.
+//! - **Encryption.** [`EngineBuilder::encryption`] with a [`Keyring`] seals step
+//!   results and run outputs at rest.
+//! - **Testing.** [`testing::advance_clock`] moves the database clock, so tests
+//!   of sleeps and backoff need not wait.
+//!
+//! The repository's `docs/guide.md` walks through all of this; `docs/guarantees.md`
+//! says exactly what is promised, and `docs/architecture.md` how it works.
 //!
 //! ## Foreign types in the API
 //!
