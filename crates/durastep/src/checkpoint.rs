@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use crate::error::is_transient_sqlx;
 use crate::store::{self, PendingWrite, WriteOutcome};
@@ -39,13 +40,17 @@ pub(crate) struct WriterConfig {
 }
 
 impl Writer {
-    /// Starts the writer tasks. They stop when every `Writer` clone is dropped
-    /// and the queue is drained.
-    pub(crate) fn spawn(pool: PgPool, config: WriterConfig) -> (Writer, Vec<tokio::task::JoinHandle<()>>) {
+    /// Starts the writer tasks. They stop when every `Writer` clone is dropped,
+    /// or when `stop` is cancelled, after flushing what is already queued.
+    pub(crate) fn spawn(
+        pool: PgPool,
+        stop: CancellationToken,
+        config: WriterConfig,
+    ) -> (Writer, Vec<tokio::task::JoinHandle<()>>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let rx = Arc::new(Mutex::new(rx));
         let handles = (0..config.tasks.max(1))
-            .map(|_| tokio::spawn(writer_task(pool.clone(), Arc::clone(&rx), config)))
+            .map(|_| tokio::spawn(writer_task(pool.clone(), Arc::clone(&rx), stop.clone(), config)))
             .collect();
         (Writer { queue: tx }, handles)
     }
@@ -61,6 +66,7 @@ impl Writer {
 async fn writer_task(
     pool: PgPool,
     rx: Arc<Mutex<mpsc::UnboundedReceiver<(PendingWrite, Reply)>>>,
+    stop: CancellationToken,
     config: WriterConfig,
 ) {
     let mut batch = Vec::with_capacity(config.max_batch);
@@ -68,7 +74,23 @@ async fn writer_task(
         {
             // One task collects while the others flush.
             let mut rx = rx.lock().await;
-            if rx.recv_many(&mut batch, config.max_batch).await == 0 {
+            let received = tokio::select! {
+                n = rx.recv_many(&mut batch, config.max_batch) => n,
+                _ = stop.cancelled() => {
+                    // Flush what is already queued, then stop.
+                    while batch.len() < config.max_batch {
+                        match rx.try_recv() {
+                            Ok(item) => batch.push(item),
+                            Err(_) => break,
+                        }
+                    }
+                    if batch.is_empty() {
+                        return;
+                    }
+                    batch.len()
+                }
+            };
+            if received == 0 {
                 return;
             }
         }

@@ -420,9 +420,11 @@ impl Ctx {
                     return self.stop(Signal::Fenced).await;
                 }
                 let record = serde_json::to_value(SleepRecord { wake_at }).map_err(HandlerError::from)?;
-                match self.checkpoint(key, record).await? {
-                    None => wake_at,
-                    Some(stored) => self.open::<SleepRecord>(key, stored)?.wake_at,
+                match self.checkpoint(key, record).await {
+                    Ok(None) => wake_at,
+                    Ok(Some(stored)) => self.open::<SleepRecord>(key, stored)?.wake_at,
+                    // Like a failed step: the attempt ends; user code never sees it.
+                    Err(e) => return self.stop(Signal::StepFailed(e)).await,
                 }
             }
         };
@@ -434,7 +436,10 @@ impl Ctx {
             Ok(Some(false)) => Ok(()),
             Ok(Some(true)) => self.stop(Signal::Suspended).await,
             Ok(None) => self.stop(Signal::Fenced).await,
-            Err(e) => Err(HandlerError::new(format!("step {key}: could not suspend: {e}"))),
+            Err(e) => {
+                let e = HandlerError::new(format!("step {key}: could not suspend: {e}"));
+                self.stop(Signal::StepFailed(e)).await
+            }
         }
     }
 }

@@ -109,7 +109,7 @@ pub(crate) async fn insert_events(
              SELECT gen_random_uuid(), f.id, i.id, 'queued', coalesce(i.start_at, durastep.now()),
                     f.max_attempts, i.priority
                FROM input i JOIN ev ON ev.id = i.id
-               JOIN durastep.functions f ON i.name = ANY (f.triggers)
+               JOIN durastep.functions f ON f.triggers @> ARRAY[i.name]
              RETURNING id, event_id, run_at)
          SELECT i.ord, i.id, (ev.id IS NOT NULL) AS inserted,
                 ARRAY(SELECT r.id FROM r WHERE r.event_id = i.id ORDER BY r.id) AS run_ids,

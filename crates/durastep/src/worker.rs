@@ -97,8 +97,10 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         let wake = Arc::new(Notify::new());
         let slot_freed = Arc::new(Notify::new());
         let stop_background = CancellationToken::new();
+        let stop_writers = CancellationToken::new();
         let (writer, writer_tasks) = Writer::spawn(
             engine.pool.clone(),
+            stop_writers.clone(),
             WriterConfig { tasks: opts.writers, max_batch: 512, retry_for: opts.lease },
         );
 
@@ -127,6 +129,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             }
             let want = free.min(opts.claim_batch.max(1));
             crate::failpoint!("claim-before-commit");
+            // The lease starts when the database runs the claim: count from before we send it.
+            let claim_sent = Instant::now();
             let claimed = store::claim_runnable(&engine.pool, &functions, want as i64, opts.lease, worker_id).await;
             let claimed = match claimed {
                 Ok(runs) => {
@@ -153,7 +157,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 };
                 let lost = CancellationToken::new();
                 lock(&held)
-                    .insert(run.id, Held { epoch: run.lease_epoch, lost: lost.clone(), last_extended: Instant::now() });
+                    .insert(run.id, Held { epoch: run.lease_epoch, lost: lost.clone(), last_extended: claim_sent });
                 let (engine, held, writer, slot_freed) =
                     (engine.clone(), held.clone(), writer.clone(), slot_freed.clone());
                 executors.spawn(async move {
@@ -208,6 +212,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             }
         }
         stop_background.cancel();
+        // Not "when every Writer clone is dropped": user code may keep a Ctx alive.
+        stop_writers.cancel();
         drop(writer);
         for t in writer_tasks.into_iter().chain(background) {
             let _ = t.await;
@@ -263,8 +269,9 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
     });
     async move {
         // Aborted when dropped: if this executor is cancelled (shutdown), user code stops too.
-        let mut handle =
-            tokio_util::task::AbortOnDropHandle::new(tokio::spawn((function.handler)(ctx, run.payload).in_current_span()));
+        let mut handle = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+            (function.handler)(ctx, run.payload).in_current_span(),
+        ));
         let ending = tokio::select! {
             biased;
             joined = &mut handle => ending_of(joined),
