@@ -22,10 +22,20 @@ use crate::limits::{self, LimitError, Limits};
 #[derive(Debug, Clone)]
 pub struct Event {
     name: String,
-    payload: Result<Value, String>,
+    payload: Payload,
     idempotency_key: Option<String>,
     start_at: Option<DateTime<Utc>>,
     priority: i32,
+}
+
+/// The payload as given; checked against the engine's limits in `prepare`.
+#[derive(Debug, Clone)]
+enum Payload {
+    Value(Value),
+    /// Untrusted JSON text from [`Event::from_json`], parsed only after the size check.
+    Text(String),
+    /// The value did not serialize; the reason is reported on send.
+    Unserializable(String),
 }
 
 impl Event {
@@ -39,7 +49,33 @@ impl Event {
     pub fn new<T: Serialize + ?Sized>(name: impl Into<String>, payload: &T) -> Self {
         Event {
             name: name.into(),
-            payload: serde_json::to_value(payload).map_err(|e| e.to_string()),
+            payload: match serde_json::to_value(payload) {
+                Ok(v) => Payload::Value(v),
+                Err(e) => Payload::Unserializable(e.to_string()),
+            },
+            idempotency_key: None,
+            start_at: None,
+            priority: 0,
+        }
+    }
+
+    /// An event whose payload is JSON text, for payloads that arrive as text
+    /// (an HTTP body, a queue message). Nothing is parsed here: on send, the
+    /// text's byte length is checked against [`Limits::max_payload_bytes`] and its
+    /// nesting against [`Limits::max_depth`] before it is parsed, so oversized or
+    /// hostile text is refused cheaply with a [`LimitError`], before any SQL runs.
+    ///
+    /// ```
+    /// use durastep::{Event, LimitError, Limits};
+    /// let ok = Event::from_json("order/placed", r#"{"order_id": 7}"#);
+    /// assert!(ok.validate(&Limits::default()).is_ok());
+    /// let bad = Event::from_json("order/placed", r#"{"note": "\u0000"}"#);
+    /// assert_eq!(bad.validate(&Limits::default()), Err(LimitError::NulCharacter));
+    /// ```
+    pub fn from_json(name: impl Into<String>, json: impl Into<String>) -> Self {
+        Event {
+            name: name.into(),
+            payload: Payload::Text(json.into()),
             idempotency_key: None,
             start_at: None,
             priority: 0,
@@ -91,14 +127,30 @@ impl Event {
         &self.name
     }
 
+    /// Checks the event against `limits` exactly as [`crate::Engine::send`] does
+    /// before it writes anything: the name, the idempotency key and the payload.
+    /// Use it to refuse a bad event early (say, with an HTTP 400).
+    ///
+    /// ```
+    /// use durastep::{Event, Limits};
+    /// let e = Event::new("user/signed-up", &serde_json::json!({"id": 1})).idempotency_key("");
+    /// assert!(e.validate(&Limits::default()).is_err()); // an empty key is refused
+    /// ```
+    pub fn validate(&self, limits: &Limits) -> Result<(), LimitError> {
+        self.prepare(limits).map(|_| ())
+    }
+
     /// Validates and serializes, before any SQL runs.
     pub(crate) fn prepare(&self, limits: &Limits) -> Result<crate::store::NewEvent, LimitError> {
         limits::check_name("event name", &self.name, limits)?;
         if let Some(key) = &self.idempotency_key {
             limits::check_name("idempotency key", key, limits)?;
         }
-        let value = self.payload.as_ref().map_err(|e| LimitError::Serialize(e.clone()))?;
-        let payload = limits::check_payload(value, limits)?;
+        let payload = match &self.payload {
+            Payload::Value(value) => limits::check_payload(value, limits)?,
+            Payload::Text(text) => limits::check_payload(&limits::parse_payload(text, limits)?, limits)?,
+            Payload::Unserializable(e) => return Err(LimitError::Serialize(e.clone())),
+        };
         Ok(crate::store::NewEvent {
             id: Uuid::new_v4(),
             name: self.name.clone(),

@@ -59,6 +59,12 @@ pub enum LimitError {
     /// The value could not be serialized to JSON.
     #[error("payload does not serialize to JSON: {0}")]
     Serialize(String),
+    /// JSON text given to [`parse_payload`] or [`crate::Event::from_json`] is not
+    /// valid JSON (a syntax error, a lone UTF-16 surrogate escape such as
+    /// `"\ud800"`, a number out of range, ...). The text holds serde_json's
+    /// reason with its line and column, never the input itself.
+    #[error("payload is not valid JSON: {0}")]
+    InvalidJson(String),
     /// A name or key is empty, too long, or holds a character that is not allowed.
     #[error("invalid {what} {value:?}: {reason}")]
     InvalidName {
@@ -84,6 +90,60 @@ pub fn check_payload(value: &Value, limits: &Limits) -> Result<String, LimitErro
         return Err(LimitError::TooLarge { size: text.len(), limit: limits.max_payload_bytes });
     }
     Ok(text)
+}
+
+/// Parses untrusted JSON text into a payload, enforcing the limits before and
+/// while parsing: the byte length of the text is checked first (the limit
+/// applies to the text as given, whitespace included), then the nesting depth
+/// by a scan that does not recurse, and only then does serde_json parse it.
+/// Invalid JSON (lone UTF-16 surrogates such as `"\ud800"` included) is
+/// [`LimitError::InvalidJson`]; a `\u0000` escape is [`LimitError::NulCharacter`],
+/// because Postgres `jsonb` cannot store it.
+///
+/// ```
+/// use durastep::limits::{parse_payload, LimitError};
+/// let limits = durastep::Limits::default();
+/// assert_eq!(parse_payload(r#"{"a": [1, 2]}"#, &limits).unwrap(), serde_json::json!({"a": [1, 2]}));
+/// assert_eq!(parse_payload(r#""\u0000""#, &limits), Err(LimitError::NulCharacter));
+/// assert!(matches!(parse_payload(r#""\ud800""#, &limits), Err(LimitError::InvalidJson(_))));
+/// assert_eq!(parse_payload(&"[".repeat(100_000), &limits), Err(LimitError::TooDeep { limit: 64 }));
+/// ```
+pub fn parse_payload(text: &str, limits: &Limits) -> Result<Value, LimitError> {
+    if text.len() > limits.max_payload_bytes {
+        return Err(LimitError::TooLarge { size: text.len(), limit: limits.max_payload_bytes });
+    }
+    check_text_depth(text, limits.max_depth)?;
+    let value: Value = serde_json::from_str(text).map_err(|e| LimitError::InvalidJson(e.to_string()))?;
+    check_shape(&value, limits.max_depth)?;
+    Ok(value)
+}
+
+/// Counts bracket nesting outside strings; malformed text is left to the parser.
+fn check_text_depth(text: &str, max_depth: usize) -> Result<(), LimitError> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max_depth {
+                    return Err(LimitError::TooDeep { limit: max_depth });
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Depth and NUL checks without recursion, so a hostile value cannot overflow the stack.
@@ -134,9 +194,35 @@ pub fn check_name(what: &'static str, value: &str, limits: &Limits) -> Result<()
     Ok(())
 }
 
-/// Function ids: letters, digits and `-_.:`; `/` is reserved for derived ids
-/// such as `<id>/on-failure`.
-pub(crate) fn check_function_id(value: &str, limits: &Limits) -> Result<(), LimitError> {
+/// Checks a step name: a valid name (see [`check_name`]) without `#`, which
+/// numbers repeated calls of one name (`name#2`, `name#3`, ...).
+///
+/// ```
+/// use durastep::limits::check_step_name;
+/// assert!(check_step_name("push", &Default::default()).is_ok());
+/// assert!(check_step_name("push#2", &Default::default()).is_err());
+/// ```
+pub fn check_step_name(value: &str, limits: &Limits) -> Result<(), LimitError> {
+    check_name("step name", value, limits)?;
+    if value.contains('#') {
+        return Err(LimitError::InvalidName {
+            what: "step name",
+            value: value.chars().take(80).collect(),
+            reason: "must not contain '#'",
+        });
+    }
+    Ok(())
+}
+
+/// Checks a function id: a valid name (see [`check_name`]) of ASCII letters,
+/// digits and `-_.:` only; `/` is reserved for derived ids such as `<id>/on-failure`.
+///
+/// ```
+/// use durastep::limits::check_function_id;
+/// assert!(check_function_id("meta-budget-update", &Default::default()).is_ok());
+/// assert!(check_function_id("a/on-failure", &Default::default()).is_err());
+/// ```
+pub fn check_function_id(value: &str, limits: &Limits) -> Result<(), LimitError> {
     check_name("function id", value, limits)?;
     if !value.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c)) {
         return Err(LimitError::InvalidName {
@@ -182,6 +268,59 @@ mod tests {
         }
     }
 
+    fn parse(text: &str, expected: Result<Value, LimitError>) {
+        let limits = Limits { max_payload_bytes: 64, max_depth: 3, max_key_bytes: 8 };
+        assert_eq!(parse_payload(text, &limits), expected, "{text:?}");
+    }
+
+    fn invalid_json(text: &str) {
+        let limits = Limits::default();
+        let got = parse_payload(text, &limits);
+        assert!(matches!(got, Err(LimitError::InvalidJson(_))), "{text:?}: {got:?}");
+    }
+
+    #[test]
+    fn json_text_limits() {
+        parse(r#" {"a": [1, 2]} "#, Ok(json!({"a": [1, 2]})));
+        parse(r#"[[["]]]]]]"]]]"#, Ok(json!([[["]]]]]]"]]])));
+        parse(r#"[[[[1]]]]"#, Err(LimitError::TooDeep { limit: 3 }));
+        parse(r#"{"a":{"b":{"c":{}}}}"#, Err(LimitError::TooDeep { limit: 3 }));
+        // Brackets inside strings, and escaped quotes, do not count.
+        parse(r#"["[[[[\"[[[[", "{{{{"]"#, Ok(json!(["[[[[\"[[[[", "{{{{"])));
+        parse(r#""\u0000""#, Err(LimitError::NulCharacter));
+        parse(r#"{"\u0000": 1}"#, Err(LimitError::NulCharacter));
+        // The size check comes first, on the text as given.
+        parse(&format!("{:70}", 1), Err(LimitError::TooLarge { size: 70, limit: 64 }));
+        parse(&"[".repeat(1_000_000), Err(LimitError::TooLarge { size: 1_000_000, limit: 64 }));
+    }
+
+    #[test]
+    fn malformed_json_text_is_a_typed_error() {
+        invalid_json("");
+        invalid_json("{");
+        invalid_json("\"\u{0}\""); // a raw NUL byte inside a string
+        invalid_json(r#""\ud800""#); // lone leading surrogate
+        invalid_json(r#""\udc00""#); // lone trailing surrogate
+        invalid_json(r#""\ud800\u0041""#);
+        invalid_json(r#""\uZZZZ""#);
+        invalid_json("1e400");
+        invalid_json("[1,]");
+        invalid_json("{} {}");
+        invalid_json("\u{feff}{}"); // a byte order mark is not JSON
+        // A valid surrogate pair is fine.
+        assert_eq!(parse_payload(r#""\ud83d\ude00""#, &Limits::default()), Ok(json!("\u{1F600}")));
+    }
+
+    #[test]
+    fn hostile_json_text_is_refused_without_overflow() {
+        let limits = Limits { max_payload_bytes: 20 * 1024 * 1024, ..Limits::default() };
+        let deep = "[".repeat(100_000) + &"]".repeat(100_000);
+        assert_eq!(parse_payload(&deep, &limits), Err(LimitError::TooDeep { limit: 64 }));
+        let big = format!("\"{}\"", "x".repeat(10 * 1024 * 1024));
+        assert!(parse_payload(&big, &limits).is_ok());
+        assert!(matches!(parse_payload(&big, &Limits::default()), Err(LimitError::TooLarge { .. })));
+    }
+
     #[test]
     fn names() {
         let l = Limits::default();
@@ -190,5 +329,8 @@ mod tests {
         assert!(check_name("event name", &"x".repeat(600), &l).is_err());
         assert!(check_function_id("meta-budget-update", &l).is_ok());
         assert!(check_function_id("a/on-failure", &l).is_err());
+        assert!(check_step_name("fetch-a", &l).is_ok());
+        assert!(check_step_name("fetch#2", &l).is_err());
+        assert!(check_step_name("a\u{0}b", &l).is_err());
     }
 }
