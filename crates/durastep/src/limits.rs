@@ -262,7 +262,6 @@ mod tests {
         }
         assert_eq!(check_shape(&v, 64), Err(LimitError::TooDeep { limit: 64 }));
         // Drop iteratively too: serde_json's Drop is recursive.
-        let mut v = v;
         while let Value::Array(mut items) = v {
             v = items.pop().unwrap_or(Value::Null);
         }
