@@ -17,10 +17,31 @@ use serde_json::Value;
 pub struct Limits {
     /// Largest serialized payload or step output, in bytes (default 1 MiB).
     pub max_payload_bytes: usize,
-    /// Deepest nesting of arrays and objects in a payload (default 64).
+    /// Deepest nesting of arrays and objects in a payload (default 64). Values
+    /// above [`MAX_SUPPORTED_DEPTH`] act as that ceiling.
     pub max_depth: usize,
     /// Longest idempotency key, event name, function id or step name, in bytes (default 512).
     pub max_key_bytes: usize,
+}
+
+/// The deepest nesting Durastep can store and read back, whatever
+/// [`Limits::max_depth`] says: serde_json reads at most 127 levels, and the
+/// worker reads a run's step outputs inside one object (one level deeper).
+/// Deeper values were once accepted and then made every claim that included
+/// their run fail to decode.
+///
+/// ```
+/// let limits = durastep::Limits { max_depth: 1_000, ..Default::default() };
+/// let deep = "[".repeat(121) + &"]".repeat(121);
+/// let err = durastep::limits::parse_payload(&deep, &limits).unwrap_err();
+/// assert_eq!(err, durastep::LimitError::TooDeep { limit: durastep::limits::MAX_SUPPORTED_DEPTH });
+/// ```
+pub const MAX_SUPPORTED_DEPTH: usize = 120;
+
+impl Limits {
+    fn depth(&self) -> usize {
+        self.max_depth.min(MAX_SUPPORTED_DEPTH)
+    }
 }
 
 impl Default for Limits {
@@ -47,10 +68,11 @@ pub enum LimitError {
         /// The configured limit.
         limit: usize,
     },
-    /// Arrays or objects are nested deeper than [`Limits::max_depth`].
+    /// Arrays or objects are nested deeper than [`Limits::max_depth`] (or
+    /// [`MAX_SUPPORTED_DEPTH`], if lower).
     #[error("payload is nested deeper than the limit of {limit} levels")]
     TooDeep {
-        /// The configured limit.
+        /// The limit in force.
         limit: usize,
     },
     /// A string or key holds a NUL character, which Postgres `jsonb` cannot store.
@@ -84,7 +106,7 @@ pub enum LimitError {
 /// assert_eq!(text, r#"{"a":1}"#);
 /// ```
 pub fn check_payload(value: &Value, limits: &Limits) -> Result<String, LimitError> {
-    check_shape(value, limits.max_depth)?;
+    check_shape(value, limits.depth())?;
     let text = serde_json::to_string(value).map_err(|e| LimitError::Serialize(e.to_string()))?;
     if text.len() > limits.max_payload_bytes {
         return Err(LimitError::TooLarge { size: text.len(), limit: limits.max_payload_bytes });
@@ -112,9 +134,9 @@ pub fn parse_payload(text: &str, limits: &Limits) -> Result<Value, LimitError> {
     if text.len() > limits.max_payload_bytes {
         return Err(LimitError::TooLarge { size: text.len(), limit: limits.max_payload_bytes });
     }
-    check_text_depth(text, limits.max_depth)?;
+    check_text_depth(text, limits.depth())?;
     let value: Value = serde_json::from_str(text).map_err(|e| LimitError::InvalidJson(e.to_string()))?;
-    check_shape(&value, limits.max_depth)?;
+    check_shape(&value, limits.depth())?;
     Ok(value)
 }
 

@@ -79,9 +79,7 @@ fn hostile_events() -> Vec<(&'static str, Event, Refusal)> {
     let deep = nested(1_000);
     let deep_event = Event::new("limits/go", &deep);
     drop_flat(deep);
-    let limit = |e: LimitError| -> Refusal {
-        Box::new(move |got| matches!(got, Error::Limit(l) if *l == e))
-    };
+    let limit = |e: LimitError| -> Refusal { Box::new(move |got| matches!(got, Error::Limit(l) if *l == e)) };
     vec![
         (
             "10 MB string",
@@ -517,4 +515,52 @@ async fn extreme_floats_run_and_replay_exactly(_p: PgPoolOptions, opts: PgConnec
     worker.await.expect("worker task").expect("worker");
     assert_eq!(run.state, RunState::Completed, "{run:?}");
     assert_eq!(run.output, Some(json!({"replayed_exactly": true, "input": {"max": f64::MAX}})));
+}
+
+/// Nesting at the supported ceiling runs end to end (payload, a step output
+/// replayed after a retry, the run output); deeper is refused at send, whatever
+/// `max_depth` says, because serde_json cannot read back more than 127 levels
+/// (and the claim reads step outputs one level deeper, inside one object).
+#[sqlx::test(migrations = false)]
+async fn deepest_supported_nesting_runs_and_deeper_is_refused(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let f = Function::new("deep").on_event("deep/go").backoff(durastep::Backoff::Fixed(Duration::ZERO)).handler(
+        |ctx: Ctx, input: Value| async move {
+            let again = input.clone();
+            let stored: Value = ctx.step("echo", || async move { Ok(again) }).await?;
+            if ctx.attempt() == 1 {
+                return Err(HandlerError::new("retry, so that the step output is read back"));
+            }
+            Ok(json!(stored == input))
+        },
+    );
+    let pool = PgPoolOptions::new().max_connections(4).connect_with(opts.clone()).await.expect("connect");
+    let limits = Limits { max_depth: 10_000, ..Limits::default() };
+    let engine = Engine::builder()
+        .pool(pool)
+        .limits(limits)
+        .worker_options(fast_options())
+        .function(f)
+        .build()
+        .await
+        .expect("engine");
+    let deepest = nested(durastep::limits::MAX_SUPPORTED_DEPTH);
+    let receipt = engine.send(Event::new("deep/go", &deepest)).await.expect("send at the ceiling");
+    drop_flat(deepest);
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn({
+        let (e, s) = (engine.clone(), shutdown.clone());
+        async move { e.run_worker(s).await }
+    });
+    let run = engine.wait_for_run(receipt.run_ids[0], DEADLINE).await.expect("run");
+    shutdown.cancel();
+    worker.await.expect("worker task").expect("worker");
+    assert_eq!((run.state, run.output.clone()), (RunState::Completed, Some(json!(true))), "{run:?}");
+
+    let too_deep = nested(121);
+    let err = engine.send(Event::new("deep/go", &too_deep)).await.expect_err("over the ceiling");
+    drop_flat(too_deep);
+    assert!(matches!(err, Error::Limit(LimitError::TooDeep { limit: 120 })), "{err:?}");
+    let text = "[".repeat(121) + &"]".repeat(121);
+    let err = engine.send(Event::from_json("deep/go", text)).await.expect_err("text over the ceiling");
+    assert!(matches!(err, Error::Limit(LimitError::TooDeep { limit: 120 })), "{err:?}");
 }
