@@ -46,10 +46,10 @@ fn registry() -> &'static Mutex<HashMap<String, Point>> {
         let mut map = HashMap::new();
         if let Ok(spec) = std::env::var("DURASTEP_FAILPOINTS") {
             for item in spec.split(',').filter(|s| !s.trim().is_empty()) {
-                if let Some((name, action)) = item.split_once('=') {
-                    if let Some(point) = parse(action.trim()) {
-                        map.insert(name.trim().to_owned(), point);
-                    }
+                if let Some((name, action)) = item.split_once('=')
+                    && let Some(point) = parse(action.trim())
+                {
+                    map.insert(name.trim().to_owned(), point);
                 }
             }
         }

@@ -1,0 +1,313 @@
+//! Checks over the engine's own tables (`durastep.runs`, `durastep.step_results`)
+//! and against the test functions' oracles.
+//!
+//! Architecture invariant: every SQL statement the harness runs on the engine's
+//! tables is in this module, and none of them writes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::functions::{self, FiveSteps, SlowStep};
+
+/// A run row as stored (the columns a durability test compares).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, id: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// let run = durastep_testkit::checks::run(&pool, id).await?;
+/// assert_eq!(run.state, "completed");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct RunSnapshot {
+    /// The run.
+    pub id: Uuid,
+    /// Its function.
+    pub function_id: String,
+    /// `queued`, `running`, `sleeping`, `completed`, `failed` or `cancelled`.
+    pub state: String,
+    /// Current (or last) attempt.
+    pub attempt: i32,
+    /// The fencing counter, bumped on every claim.
+    pub lease_epoch: i64,
+    /// The output, once completed.
+    pub output: Option<Value>,
+    /// The last failure.
+    pub last_error: Option<String>,
+    /// When it finished.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The worker holding it (while running).
+    pub worker_id: Option<Uuid>,
+}
+
+/// One run, as stored now.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, id: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// let before = durastep_testkit::checks::run(&pool, id).await?;
+/// // ... a stale worker resumes ...
+/// assert_eq!(durastep_testkit::checks::run(&pool, id).await?, before);
+/// # Ok(()) }
+/// ```
+pub async fn run(pool: &PgPool, id: Uuid) -> Result<RunSnapshot> {
+    sqlx::query_as(
+        "SELECT id, function_id, state, attempt, lease_epoch, output, last_error, finished_at, worker_id
+           FROM durastep.runs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await?
+    .ok_or_else(|| Error::Unexpected(format!("no run {id}")))
+}
+
+/// A stored step result.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, id: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// for s in durastep_testkit::checks::step_results(&pool, id).await? {
+///     println!("{} = {} (epoch {})", s.step_key, s.output, s.lease_epoch);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct StoredStep {
+    /// The step key.
+    pub step_key: String,
+    /// Its stored output.
+    pub output: Value,
+    /// The lease epoch of the attempt that stored it.
+    pub lease_epoch: i64,
+    /// When it was stored.
+    pub created_at: DateTime<Utc>,
+}
+
+/// The stored step results of a run, in the order they were stored.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, id: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// let steps = durastep_testkit::checks::step_results(&pool, id).await?;
+/// assert_eq!(steps.len(), 5);
+/// # Ok(()) }
+/// ```
+pub async fn step_results(pool: &PgPool, run_id: Uuid) -> Result<Vec<StoredStep>> {
+    Ok(sqlx::query_as(
+        "SELECT step_key, output, lease_epoch, created_at FROM durastep.step_results
+          WHERE run_id = $1 ORDER BY created_at, step_key",
+    )
+    .bind(run_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Runs per state, over the whole database.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let states = durastep_testkit::checks::run_states(&pool).await?;
+/// assert_eq!(states.get("completed"), Some(&2_000));
+/// # Ok(()) }
+/// ```
+pub async fn run_states(pool: &PgPool) -> Result<BTreeMap<String, i64>> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT state, count(*) FROM durastep.runs GROUP BY state").fetch_all(pool).await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Runs per attempt number (1: never retried nor reaped), over the whole database.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let attempts = durastep_testkit::checks::runs_per_attempt(&pool).await?;
+/// assert_eq!(attempts.keys().copied().collect::<Vec<_>>(), [1], "some run needed a second attempt");
+/// # Ok(()) }
+/// ```
+pub async fn runs_per_attempt(pool: &PgPool) -> Result<BTreeMap<i32, i64>> {
+    let rows: Vec<(i32, i64)> =
+        sqlx::query_as("SELECT attempt, count(*) FROM durastep.runs GROUP BY attempt").fetch_all(pool).await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Runs that needed more than one attempt, with their last error.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// for (id, attempt, error) in durastep_testkit::checks::retried_runs(&pool).await? {
+///     println!("{id}: attempt {attempt}: {error:?}");
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn retried_runs(pool: &PgPool) -> Result<Vec<(Uuid, i32, Option<String>)>> {
+    Ok(sqlx::query_as("SELECT id, attempt, last_error FROM durastep.runs WHERE attempt > 1 ORDER BY id")
+        .fetch_all(pool)
+        .await?)
+}
+
+/// How many of the given runs are not yet completed, failed or cancelled
+/// (a run id that does not exist counts as unfinished).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, runs: Vec<uuid::Uuid>) -> durastep_testkit::Result<()> {
+/// let left = durastep_testkit::checks::unfinished_among(&pool, &runs).await?;
+/// # let _ = left; Ok(()) }
+/// ```
+pub async fn unfinished_among(pool: &PgPool, runs: &[Uuid]) -> Result<i64> {
+    let finished: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM durastep.runs
+          WHERE id = ANY ($1) AND state IN ('completed', 'failed', 'cancelled')",
+    )
+    .bind(runs)
+    .fetch_one(pool)
+    .await?;
+    Ok(i64::try_from(runs.len()).unwrap_or(i64::MAX) - finished)
+}
+
+/// Totals over `durastep.step_results`.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let t = durastep_testkit::checks::step_result_totals(&pool).await?;
+/// assert_eq!(t.rows, t.distinct_steps, "a step result was stored twice");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepResultTotals {
+    /// Rows in `step_results`.
+    pub rows: i64,
+    /// Distinct (run, step key) pairs among them.
+    pub distinct_steps: i64,
+}
+
+/// Counts `step_results` rows and distinct (run, step) pairs (equal unless a
+/// result was stored twice; the primary key should make that impossible).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// println!("{:?}", durastep_testkit::checks::step_result_totals(&pool).await?);
+/// # Ok(()) }
+/// ```
+pub async fn step_result_totals(pool: &PgPool) -> Result<StepResultTotals> {
+    let (rows, distinct_steps): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT (run_id, step_key)) FROM durastep.step_results")
+            .fetch_one(pool)
+            .await?;
+    Ok(StepResultTotals { rows, distinct_steps })
+}
+
+/// Every run of a function with its input, state, output and stored steps.
+async fn runs_with_steps(pool: &PgPool, function_id: &str) -> Result<Vec<(Uuid, String, Option<Value>, Value, Value)>> {
+    Ok(sqlx::query_as(
+        "SELECT r.id, r.state, r.output, e.payload,
+                coalesce(jsonb_object_agg(s.step_key, s.output) FILTER (WHERE s.step_key IS NOT NULL), '{}'::jsonb)
+           FROM durastep.runs r
+           JOIN durastep.events e ON e.id = r.event_id
+           LEFT JOIN durastep.step_results s ON s.run_id = r.id
+          WHERE r.function_id = $1
+          GROUP BY r.id, e.payload
+          ORDER BY r.id",
+    )
+    .bind(function_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Checks every five-steps run against the oracle: completed, output equal to
+/// [`functions::five_steps_oracle`], and exactly the five step results, each
+/// equal to [`functions::five_steps_step_output`]. Returns one line per problem
+/// (empty: all good).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let problems = durastep_testkit::checks::five_steps_mismatches(&pool).await?;
+/// assert!(problems.is_empty(), "{} problems, first: {:?}", problems.len(), problems.first());
+/// # Ok(()) }
+/// ```
+pub async fn five_steps_mismatches(pool: &PgPool) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for (id, state, output, payload, steps) in runs_with_steps(pool, functions::FIVE_STEPS).await? {
+        let input: FiveSteps = match serde_json::from_value(payload) {
+            Ok(i) => i,
+            Err(e) => {
+                problems.push(format!("run {id}: input does not parse: {e}"));
+                continue;
+            }
+        };
+        if state != "completed" {
+            problems.push(format!("run {id}: state {state}"));
+        }
+        let want = Value::from(functions::five_steps_oracle(input.n));
+        if output.as_ref() != Some(&want) {
+            problems.push(format!("run {id}: output {output:?}, oracle {want}"));
+        }
+        let steps = steps.as_object().cloned().unwrap_or_default();
+        if steps.len() != 5 {
+            problems.push(format!("run {id}: {} stored steps: {:?}", steps.len(), steps.keys().collect::<Vec<_>>()));
+        }
+        for i in 1..=5 {
+            let key = functions::five_steps_key(i);
+            let want = Value::from(functions::five_steps_step_output(input.n, i));
+            if steps.get(&key) != Some(&want) {
+                problems.push(format!("run {id}: step {key} stored {:?}, oracle {want}", steps.get(&key)));
+            }
+        }
+    }
+    Ok(problems)
+}
+
+/// Like [`five_steps_mismatches`], for the slow-step runs.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// assert!(durastep_testkit::checks::slow_step_mismatches(&pool).await?.is_empty());
+/// # Ok(()) }
+/// ```
+pub async fn slow_step_mismatches(pool: &PgPool) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for (id, state, output, payload, steps) in runs_with_steps(pool, functions::SLOW_STEP).await? {
+        let input: SlowStep = match serde_json::from_value(payload) {
+            Ok(i) => i,
+            Err(e) => {
+                problems.push(format!("run {id}: input does not parse: {e}"));
+                continue;
+            }
+        };
+        if state != "completed" {
+            problems.push(format!("run {id}: state {state}"));
+        }
+        let want = Value::from(functions::slow_step_oracle(input.n));
+        if output.as_ref() != Some(&want) {
+            problems.push(format!("run {id}: output {output:?}, oracle {want}"));
+        }
+        let keys: Vec<&String> = steps.as_object().map(|m| m.keys().collect()).unwrap_or_default();
+        if keys.len() != functions::SLOW_STEP_KEYS.len() {
+            problems.push(format!("run {id}: stored steps {keys:?}"));
+        }
+    }
+    Ok(problems)
+}
+
+/// Waits until a run is in `state`; fails at once if it finishes in another state.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, id: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// let run = durastep_testkit::checks::wait_state(&pool, id, "completed", std::time::Duration::from_secs(20)).await?;
+/// # let _ = run; Ok(()) }
+/// ```
+pub async fn wait_state(pool: &PgPool, id: Uuid, state: &str, timeout: Duration) -> Result<RunSnapshot> {
+    let what = format!("run {id} to be {state}");
+    crate::wait_for(&what, timeout, || async move {
+        let run = run(pool, id).await?;
+        if run.state == state {
+            return Ok(Some(run));
+        }
+        if ["completed", "failed", "cancelled"].contains(&run.state.as_str()) {
+            return Err(Error::Unexpected(format!("run {id} ended {} while waiting for {state}: {run:?}", run.state)));
+        }
+        Ok(None)
+    })
+    .await
+}

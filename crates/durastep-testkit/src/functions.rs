@@ -1,0 +1,228 @@
+//! The standard test functions that every test worker registers, their inputs,
+//! and the oracles their outputs are checked against.
+//!
+//! Every step body records itself in the [`Ledger`] (start and end) and
+//! returns a deterministic function of the run's input and the previous step's
+//! (stored) output, so a wrong or corrupted stored result shows in the run output.
+
+use std::time::Duration;
+
+use durastep::{Backoff, Ctx, Event, Function, HandlerResult};
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::Ledger;
+
+/// Id of the five-step function.
+pub const FIVE_STEPS: &str = "five-steps";
+/// The event that starts a [`FIVE_STEPS`] run (payload: [`FiveSteps`]).
+pub const FIVE_STEPS_EVENT: &str = "testkit/five-steps";
+/// Id of the slow-step function.
+pub const SLOW_STEP: &str = "slow-step";
+/// The event that starts a [`SLOW_STEP`] run (payload: [`SlowStep`]).
+pub const SLOW_STEP_EVENT: &str = "testkit/slow-step";
+/// Step keys of the slow-step function, in order.
+pub const SLOW_STEP_KEYS: [&str; 2] = ["slow", "after"];
+/// Attempts each test function gets: generous, so that fault suites can kill a
+/// run's worker many times without failing the run.
+pub const MAX_ATTEMPTS: u32 = 50;
+
+const MODULUS: u64 = 1_000_000_007;
+
+/// Input of a [`FIVE_STEPS`] run.
+///
+/// ```
+/// let input = durastep_testkit::FiveSteps { n: 7, delay_ms: Some(100) };
+/// assert_eq!(serde_json::to_value(input).unwrap(), serde_json::json!({"n": 7, "delay_ms": 100}));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FiveSteps {
+    /// Seed of the run's outputs.
+    pub n: u64,
+    /// Each step body sleeps this long (default: the worker's `--step-delay-ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+}
+
+impl FiveSteps {
+    /// An input with seed `n` and the worker's default step delay.
+    ///
+    /// ```
+    /// assert_eq!(durastep_testkit::FiveSteps::new(3).n, 3);
+    /// ```
+    pub fn new(n: u64) -> Self {
+        FiveSteps { n, delay_ms: None }
+    }
+
+    /// The event that starts a run with this input.
+    ///
+    /// ```
+    /// let e = durastep_testkit::FiveSteps::new(3).event();
+    /// # let _ = e;
+    /// ```
+    pub fn event(&self) -> Event {
+        Event::new(FIVE_STEPS_EVENT, self)
+    }
+}
+
+/// Input of a [`SLOW_STEP`] run.
+///
+/// ```
+/// let input = durastep_testkit::SlowStep { n: 1, sleep_ms: Some(2_500) };
+/// # let _ = input;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlowStep {
+    /// Seed of the run's outputs.
+    pub n: u64,
+    /// How long the `slow` step body sleeps (default: the worker's `--slow-step-ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleep_ms: Option<u64>,
+}
+
+impl SlowStep {
+    /// The event that starts a run with this input.
+    ///
+    /// ```
+    /// let e = durastep_testkit::SlowStep { n: 1, sleep_ms: None }.event();
+    /// # let _ = e;
+    /// ```
+    pub fn event(&self) -> Event {
+        Event::new(SLOW_STEP_EVENT, self)
+    }
+}
+
+/// Worker-wide defaults of the test functions.
+///
+/// ```
+/// let s = durastep_testkit::FunctionSettings::default();
+/// assert_eq!(s.step_delay, std::time::Duration::ZERO);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FunctionSettings {
+    /// Sleep in each five-steps body unless the input says otherwise.
+    pub step_delay: Duration,
+    /// Sleep in the slow step unless the input says otherwise.
+    pub slow_step: Duration,
+}
+
+impl Default for FunctionSettings {
+    fn default() -> Self {
+        FunctionSettings { step_delay: Duration::ZERO, slow_step: Duration::from_secs(5) }
+    }
+}
+
+/// The key of step `i` (1-based) of the five-step function: `step-1` ... `step-5`.
+///
+/// ```
+/// assert_eq!(durastep_testkit::five_steps_key(3), "step-3");
+/// ```
+pub fn five_steps_key(i: u32) -> String {
+    format!("step-{i}")
+}
+
+/// What step `i` (1-based) of a five-steps run with seed `n` returns.
+///
+/// ```
+/// use durastep_testkit::{five_steps_oracle, five_steps_step_output};
+/// assert_eq!(five_steps_step_output(9, 5), five_steps_oracle(9));
+/// ```
+pub fn five_steps_step_output(n: u64, i: u32) -> u64 {
+    (1..=i).fold(n % MODULUS, |acc, k| next(acc, n, k))
+}
+
+/// The output of a five-steps run with seed `n`.
+///
+/// ```
+/// assert_ne!(durastep_testkit::five_steps_oracle(1), durastep_testkit::five_steps_oracle(2));
+/// ```
+pub fn five_steps_oracle(n: u64) -> u64 {
+    five_steps_step_output(n, 5)
+}
+
+/// The output of a slow-step run with seed `n`.
+///
+/// ```
+/// assert_eq!(durastep_testkit::slow_step_oracle(1), 5);
+/// ```
+pub fn slow_step_oracle(n: u64) -> u64 {
+    slow_output(n) + 1
+}
+
+fn next(acc: u64, n: u64, k: u32) -> u64 {
+    (acc * 31 + u64::from(k) * 7 + n % MODULUS) % MODULUS
+}
+
+fn slow_output(n: u64) -> u64 {
+    (n % MODULUS * 3 + 1) % MODULUS
+}
+
+/// Every test function, as a worker registers it.
+///
+/// ```no_run
+/// # async fn demo(url: &str) -> durastep_testkit::Result<()> {
+/// let ledger = durastep_testkit::Ledger::connect(url, "w0", Default::default()).await?;
+/// let mut builder = durastep::Engine::builder().database_url(url);
+/// for f in durastep_testkit::functions::all(durastep_testkit::FunctionSettings::default(), &ledger) {
+///     builder = builder.function(f);
+/// }
+/// let engine = builder.build().await?;
+/// # let _ = engine; Ok(()) }
+/// ```
+pub fn all(settings: FunctionSettings, ledger: &Ledger) -> Vec<Function> {
+    vec![five_steps(settings, ledger.clone()), slow_step(settings, ledger.clone())]
+}
+
+/// Runs one recorded step body: ledger start, `delay`, ledger end.
+async fn recorded(ctx: &Ctx, ledger: &Ledger, key: &str, delay: Duration, output: u64) -> HandlerResult<u64> {
+    let row = ledger.begin(ctx.run_id(), key, ctx.attempt()).await?;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    ledger.end(row).await?;
+    Ok(output)
+}
+
+fn five_steps(settings: FunctionSettings, ledger: Ledger) -> Function {
+    Function::new(FIVE_STEPS)
+        .on_event(FIVE_STEPS_EVENT)
+        .retries(MAX_ATTEMPTS - 1)
+        .backoff(Backoff::Fixed(Duration::from_millis(50)))
+        .handler(move |ctx: Ctx, input: FiveSteps| {
+            let ledger = ledger.clone();
+            async move {
+                let delay = input.delay_ms.map_or(settings.step_delay, Duration::from_millis);
+                let mut acc = input.n % MODULUS;
+                for k in 1..=5u32 {
+                    let key = five_steps_key(k);
+                    let output = next(acc, input.n, k);
+                    let (ctx2, ledger) = (ctx.clone(), ledger.clone());
+                    acc = ctx
+                        .step(&key, || async move { recorded(&ctx2, &ledger, &five_steps_key(k), delay, output).await })
+                        .await?;
+                }
+                Ok(acc)
+            }
+        })
+}
+
+fn slow_step(settings: FunctionSettings, ledger: Ledger) -> Function {
+    Function::new(SLOW_STEP)
+        .on_event(SLOW_STEP_EVENT)
+        .retries(MAX_ATTEMPTS - 1)
+        .backoff(Backoff::Fixed(Duration::from_millis(50)))
+        .handler(move |ctx: Ctx, input: SlowStep| {
+            let ledger = ledger.clone();
+            async move {
+                let sleep = input.sleep_ms.map_or(settings.slow_step, Duration::from_millis);
+                let (c, l) = (ctx.clone(), ledger.clone());
+                let slow: u64 = ctx
+                    .step("slow", || async move { recorded(&c, &l, "slow", sleep, slow_output(input.n)).await })
+                    .await?;
+                let (c, l) = (ctx.clone(), ledger.clone());
+                let after: u64 = ctx
+                    .step("after", || async move { recorded(&c, &l, "after", Duration::ZERO, slow + 1).await })
+                    .await?;
+                Ok(after)
+            }
+        })
+}

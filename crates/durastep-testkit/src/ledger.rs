@@ -1,0 +1,365 @@
+//! The ledger: one row per execution of a step body, written by the test
+//! functions on their own connection, outside the step's checkpoint.
+//!
+//! The ledger is the test's view of the outside world: a step body that ran
+//! twice (its worker died before its checkpoint) leaves two rows, whatever
+//! `durastep.step_results` says. A row is inserted when the body starts and
+//! gets `ended_at` when the body finishes, so a body cut short by SIGKILL shows
+//! as a row without `ended_at`.
+//!
+//! Architecture invariant: every SQL statement on `testkit_ledger` is in this
+//! module. Caveat for fault suites: a ledger write is itself a database call, so
+//! a fault that breaks the connection can fail a step body (the step is then
+//! retried and leaves one more row, possibly without `ended_at`).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use uuid::Uuid;
+
+use crate::error::Result;
+
+/// The ledger table, in the `public` schema of the test database.
+pub const TABLE: &str = "testkit_ledger";
+
+const CREATE: &str = "CREATE TABLE IF NOT EXISTS testkit_ledger (
+    id          bigserial PRIMARY KEY,
+    run_id      uuid NOT NULL,
+    step_key    text NOT NULL,
+    attempt     integer NOT NULL,
+    -- The run's lease epoch as read when the body started (the attempt's own
+    -- epoch unless the attempt had already lost its lease).
+    lease_epoch bigint,
+    pid         integer NOT NULL,
+    worker      text NOT NULL,
+    started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    ended_at    timestamptz
+);
+CREATE INDEX IF NOT EXISTS testkit_ledger_run_step ON testkit_ledger (run_id, step_key)";
+
+/// Creates the ledger table if it is missing. Safe to call from many processes
+/// at once (an advisory lock serialises the `CREATE`s).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// durastep_testkit::ledger::create(&pool).await?;
+/// # Ok(()) }
+/// ```
+pub async fn create(pool: &PgPool) -> Result<()> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(7412001)").execute(&mut *tx).await?;
+    sqlx::raw_sql(CREATE).execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// How a worker's ledger connects.
+///
+/// ```
+/// let o = durastep_testkit::LedgerOptions::default();
+/// assert!(!o.synchronous_commit);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LedgerOptions {
+    /// Connections of the ledger's own pool (default 2).
+    pub pool_size: u32,
+    /// Wait for the WAL flush at each ledger commit (default false). Without it
+    /// ledger rows are visible at once but a Postgres *crash* (not a clean
+    /// restart, which flushes the WAL) can lose the last fraction of a second of
+    /// them. Turn it on in tests that crash Postgres itself; it costs one fsync
+    /// per ledger write (two per step), which dominates a 10,000-step test.
+    pub synchronous_commit: bool,
+}
+
+impl Default for LedgerOptions {
+    fn default() -> Self {
+        LedgerOptions { pool_size: 2, synchronous_commit: false }
+    }
+}
+
+/// The writing side, used inside step bodies: records who ran which step when.
+///
+/// ```no_run
+/// # async fn demo(url: &str, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// let ledger = durastep_testkit::Ledger::connect(url, "w0", durastep_testkit::LedgerOptions::default()).await?;
+/// let id = ledger.begin(run, "step-1", 1).await?;
+/// ledger.end(id).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    pool: PgPool,
+    worker: String,
+    pid: i32,
+}
+
+impl Ledger {
+    /// Opens the ledger's own pool (separate from the engine's) and creates the table.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> durastep_testkit::Result<()> {
+    /// let url = "postgres://postgres@127.0.0.1/test";
+    /// let ledger = durastep_testkit::Ledger::connect(url, "w0", durastep_testkit::LedgerOptions::default()).await?;
+    /// # let _ = ledger; Ok(()) }
+    /// ```
+    pub async fn connect(url: &str, worker: impl Into<String>, options: LedgerOptions) -> Result<Ledger> {
+        let mut connect: PgConnectOptions = url.parse()?;
+        if !options.synchronous_commit {
+            connect = connect.options([("synchronous_commit", "off")]);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(options.pool_size.max(1))
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(connect)
+            .await?;
+        create(&pool).await?;
+        Ok(Ledger::with_pool(pool, worker))
+    }
+
+    /// A ledger on an existing pool (the table must exist; see [`create`]).
+    ///
+    /// ```no_run
+    /// # fn demo(pool: sqlx::PgPool) {
+    /// let ledger = durastep_testkit::Ledger::with_pool(pool, "test-process");
+    /// # let _ = ledger; }
+    /// ```
+    pub fn with_pool(pool: PgPool, worker: impl Into<String>) -> Ledger {
+        let pid = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+        Ledger { pool, worker: worker.into(), pid }
+    }
+
+    /// Records that a step body starts; returns the row's id for [`Ledger::end`].
+    ///
+    /// ```no_run
+    /// # async fn demo(ledger: durastep_testkit::Ledger, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+    /// let id = ledger.begin(run, "step-1", 1).await?;
+    /// # let _ = id; Ok(()) }
+    /// ```
+    pub async fn begin(&self, run_id: Uuid, step_key: &str, attempt: u32) -> Result<i64> {
+        let id = sqlx::query_scalar(
+            "INSERT INTO testkit_ledger (run_id, step_key, attempt, lease_epoch, pid, worker)
+             SELECT $1, $2, $3, (SELECT lease_epoch FROM durastep.runs WHERE id = $1), $4, $5
+             RETURNING id",
+        )
+        .bind(run_id)
+        .bind(step_key)
+        .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
+        .bind(self.pid)
+        .bind(&self.worker)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(id)
+    }
+
+    /// Records that the step body with this ledger row finished.
+    ///
+    /// ```no_run
+    /// # async fn demo(ledger: durastep_testkit::Ledger, id: i64) -> durastep_testkit::Result<()> {
+    /// ledger.end(id).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn end(&self, id: i64) -> Result<()> {
+        sqlx::query("UPDATE testkit_ledger SET ended_at = clock_timestamp() WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+/// One execution of a step body, as the ledger saw it.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// for e in durastep_testkit::ledger::executions_of_run(&pool, run).await? {
+///     println!("{} by pid {} (attempt {}, epoch {:?}) ended: {}", e.step_key, e.pid, e.attempt, e.lease_epoch, e.ended_at.is_some());
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Execution {
+    /// Ledger row id: increases with the order in which bodies started.
+    pub id: i64,
+    /// The run.
+    pub run_id: Uuid,
+    /// The step key (`step-1`, ...).
+    pub step_key: String,
+    /// The attempt that ran the body (`Ctx::attempt`).
+    pub attempt: i32,
+    /// The run's lease epoch when the body started.
+    pub lease_epoch: Option<i64>,
+    /// The worker process.
+    pub pid: i32,
+    /// The worker's label.
+    pub worker: String,
+    /// When the body started (database clock, not Durastep's test clock).
+    pub started_at: DateTime<Utc>,
+    /// When it finished; `None` if it never did (killed, or dropped mid-body).
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+/// Every execution of one run, in start order.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// let rows = durastep_testkit::ledger::executions_of_run(&pool, run).await?;
+/// assert!(rows.iter().all(|e| e.run_id == run));
+/// # Ok(()) }
+/// ```
+pub async fn executions_of_run(pool: &PgPool, run_id: Uuid) -> Result<Vec<Execution>> {
+    Ok(sqlx::query_as(
+        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at
+           FROM testkit_ledger WHERE run_id = $1 ORDER BY id",
+    )
+    .bind(run_id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Executions of one step of one run, in start order.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// let rows = durastep_testkit::ledger::executions_of_step(&pool, run, "step-3").await?;
+/// assert!(rows.len() <= 2);
+/// # Ok(()) }
+/// ```
+pub async fn executions_of_step(pool: &PgPool, run_id: Uuid, step_key: &str) -> Result<Vec<Execution>> {
+    Ok(sqlx::query_as(
+        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at
+           FROM testkit_ledger WHERE run_id = $1 AND step_key = $2 ORDER BY id",
+    )
+    .bind(run_id)
+    .bind(step_key)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The highest ledger id so far (0 when empty): a mark to ask later what
+/// started after it ([`executions_since`]).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let mark = durastep_testkit::ledger::high_water(&pool).await?;
+/// // ... resume a stopped worker ...
+/// let later = durastep_testkit::ledger::executions_since(&pool, mark).await?;
+/// # let _ = later; Ok(()) }
+/// ```
+pub async fn high_water(pool: &PgPool) -> Result<i64> {
+    Ok(sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM testkit_ledger").fetch_one(pool).await?)
+}
+
+/// Executions whose row id is above `mark`, in start order.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let all = durastep_testkit::ledger::executions_since(&pool, 0).await?;
+/// # let _ = all; Ok(()) }
+/// ```
+pub async fn executions_since(pool: &PgPool, mark: i64) -> Result<Vec<Execution>> {
+    Ok(sqlx::query_as(
+        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at
+           FROM testkit_ledger WHERE id > $1 ORDER BY id",
+    )
+    .bind(mark)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// How many times each (run, step) body ran.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let counts = durastep_testkit::ledger::execution_counts(&pool).await?;
+/// assert!(counts.values().all(|&n| n == 1));
+/// # Ok(()) }
+/// ```
+pub async fn execution_counts(pool: &PgPool) -> Result<HashMap<(Uuid, String), i64>> {
+    let rows: Vec<(Uuid, String, i64)> =
+        sqlx::query_as("SELECT run_id, step_key, count(*) FROM testkit_ledger GROUP BY run_id, step_key")
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().map(|(r, k, n)| ((r, k), n)).collect())
+}
+
+/// Totals over the whole ledger.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let s = durastep_testkit::ledger::summary(&pool).await?;
+/// assert_eq!(s.max_per_step, 1, "some step body ran twice: {s:?}");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Summary {
+    /// Ledger rows (step body executions).
+    pub executions: i64,
+    /// Distinct (run, step) pairs executed.
+    pub steps: i64,
+    /// The most executions of any one (run, step); 0 on an empty ledger.
+    pub max_per_step: i64,
+    /// (run, step) pairs executed more than once.
+    pub repeated_steps: i64,
+    /// Executions that never recorded their end.
+    pub unfinished: i64,
+    /// Distinct worker processes that executed something.
+    pub pids: i64,
+}
+
+/// Computes the [`Summary`] of the ledger in one query.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// println!("{:?}", durastep_testkit::ledger::summary(&pool).await?);
+/// # Ok(()) }
+/// ```
+pub async fn summary(pool: &PgPool) -> Result<Summary> {
+    let (executions, steps, max_per_step, repeated_steps, unfinished, pids): (i64, i64, i64, i64, i64, i64) =
+        sqlx::query_as(
+            "WITH per AS (SELECT run_id, step_key, count(*) AS n FROM testkit_ledger GROUP BY run_id, step_key)
+             SELECT (SELECT count(*) FROM testkit_ledger),
+                    (SELECT count(*) FROM per),
+                    (SELECT coalesce(max(n), 0) FROM per),
+                    (SELECT count(*) FROM per WHERE n > 1),
+                    (SELECT count(*) FROM testkit_ledger WHERE ended_at IS NULL),
+                    (SELECT count(DISTINCT pid) FROM testkit_ledger)",
+        )
+        .fetch_one(pool)
+        .await?;
+    Ok(Summary { executions, steps, max_per_step, repeated_steps, unfinished, pids })
+}
+
+/// (run, step, executions) for every step body that ran more than once.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let repeated = durastep_testkit::ledger::repeated_steps(&pool).await?;
+/// assert!(repeated.is_empty(), "{repeated:?}");
+/// # Ok(()) }
+/// ```
+pub async fn repeated_steps(pool: &PgPool) -> Result<Vec<(Uuid, String, i64)>> {
+    Ok(sqlx::query_as(
+        "SELECT run_id, step_key, count(*) FROM testkit_ledger
+          GROUP BY run_id, step_key HAVING count(*) > 1 ORDER BY run_id, step_key",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Executions per worker process: (pid, worker label, executions), by pid.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// for (pid, label, n) in durastep_testkit::ledger::executions_per_pid(&pool).await? {
+///     println!("{label} ({pid}): {n}");
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn executions_per_pid(pool: &PgPool) -> Result<Vec<(i32, String, i64)>> {
+    Ok(sqlx::query_as("SELECT pid, min(worker), count(*) FROM testkit_ledger GROUP BY pid ORDER BY pid")
+        .fetch_all(pool)
+        .await?)
+}
