@@ -127,7 +127,9 @@ impl Ctx {
     /// The run's id.
     ///
     /// ```
-    /// # fn f(ctx: durastep::Ctx) { let id: uuid::Uuid = ctx.run_id(); # }
+    /// # fn f(ctx: durastep::Ctx) {
+    /// let id: uuid::Uuid = ctx.run_id();
+    /// # let _ = id; }
     /// ```
     pub fn run_id(&self) -> Uuid {
         self.inner.run_id

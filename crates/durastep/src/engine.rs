@@ -62,6 +62,17 @@ pub struct Engine {
     inner: Arc<EngineInner>,
 }
 
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut functions: Vec<&str> = self.inner.functions.keys().map(String::as_str).collect();
+        functions.sort_unstable();
+        f.debug_struct("Engine")
+            .field("functions", &functions)
+            .field("encryption", &self.inner.keyring.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 /// Builds an [`Engine`]; see [`Engine::builder`].
 #[must_use]
 pub struct EngineBuilder {

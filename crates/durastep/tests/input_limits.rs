@@ -217,7 +217,7 @@ async fn configured_limits_are_enforced(_p: PgPoolOptions, opts: PgConnectOption
     // Function ids and triggers are checked at build, before connecting.
     for (id, trigger) in [("a/on-failure", "t"), ("", "t"), ("ok", ""), ("ok", "a\u{0}")] {
         let f = Function::new(id).on_event(trigger).handler(|_c: Ctx, _x: ()| async { Ok(()) });
-        let err = Engine::builder().function(f).build().await.err().expect("refused");
+        let err = Engine::builder().function(f).build().await.expect_err("refused");
         assert!(matches!(err, Error::Limit(LimitError::InvalidName { .. })), "{id:?}/{trigger:?}: {err:?}");
     }
     assert_eq!(counts(engine.pool()).await, (before.0 + stored, before.1 + stored));

@@ -1,12 +1,21 @@
 //! Shared helpers for the integration tests: an engine on the test's own
-//! database with fast timings, and a worker running in the background.
+//! database with fast timings, a worker running in the background, gates that
+//! hold a handler at a chosen point, and waits on conditions with deadlines.
 #![allow(dead_code)]
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use durastep::{Engine, Function, WorkerOptions};
+use durastep::{Engine, Function, Limits, Run, WorkerOptions};
+use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// How long any single wait in a test may take before the test fails.
+pub const DEADLINE: Duration = Duration::from_secs(15);
 
 /// Worker timings for tests: short polls and leases, so nothing waits long.
 pub fn fast_options() -> WorkerOptions {
@@ -21,17 +30,50 @@ pub fn fast_options() -> WorkerOptions {
     }
 }
 
+/// The lease of [`stalling_options`]; advance the clock past it to expire a lease.
+pub const LONG_LEASE: Duration = Duration::from_secs(60);
+
+/// A worker that can be made to lose its lease on purpose: one attempt at a
+/// time, a long lease whose heartbeat does not come within a test's lifetime,
+/// and no reaper of its own. Advance the database clock past [`LONG_LEASE`] and
+/// call `reap_expired_leases`: the worker still runs its attempt, unaware that
+/// another worker may now take the run over.
+pub fn stalling_options() -> WorkerOptions {
+    WorkerOptions {
+        max_in_flight: 1,
+        lease: LONG_LEASE,
+        heartbeat_interval: Duration::from_secs(30),
+        reap_interval: Duration::from_secs(600),
+        ..fast_options()
+    }
+}
+
 pub async fn engine(opts: &PgConnectOptions, functions: Vec<Function>) -> Engine {
     engine_with(opts, functions, fast_options()).await
 }
 
 pub async fn engine_with(opts: &PgConnectOptions, functions: Vec<Function>, worker: WorkerOptions) -> Engine {
+    try_engine(opts, functions, worker, Limits::default()).await.expect("build engine")
+}
+
+/// An engine with its own input limits.
+pub async fn engine_with_limits(opts: &PgConnectOptions, functions: Vec<Function>, limits: Limits) -> Engine {
+    try_engine(opts, functions, fast_options(), limits).await.expect("build engine")
+}
+
+/// Builds an engine and hands back the build's result (for tests of build errors).
+pub async fn try_engine(
+    opts: &PgConnectOptions,
+    functions: Vec<Function>,
+    worker: WorkerOptions,
+    limits: Limits,
+) -> Result<Engine, durastep::Error> {
     let pool = PgPoolOptions::new().max_connections(6).connect_with(opts.clone()).await.expect("connect");
-    let mut b = Engine::builder().pool(pool).worker_options(worker);
+    let mut b = Engine::builder().pool(pool).worker_options(worker).limits(limits);
     for f in functions {
         b = b.function(f);
     }
-    b.build().await.expect("build engine")
+    b.build().await
 }
 
 /// A worker in the background; cancel the token (or drop the guard) to stop it.
@@ -46,6 +88,18 @@ impl WorkerGuard {
         if let Some(h) = self.handle.take() {
             h.await.expect("worker task").expect("worker result");
         }
+    }
+
+    /// Stops the worker and fails the test if it takes longer than `limit`.
+    pub async fn stop_within(self, limit: Duration) {
+        tokio::time::timeout(limit, self.stop())
+            .await
+            .unwrap_or_else(|_| panic!("worker did not stop within {limit:?}"));
+    }
+
+    /// Whether the worker task has returned.
+    pub fn is_finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(|h| h.is_finished())
     }
 }
 
@@ -81,4 +135,226 @@ pub fn init_logs() {
             .with_test_writer()
             .try_init();
     }
+}
+
+/// A one-way latch: closed until `open`, then open for good. Handlers wait on
+/// gates the test opens, and open gates the test waits on ("handler reached X").
+#[derive(Clone)]
+pub struct Gate {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Gate {
+    pub fn new() -> Self {
+        Gate { tx: Arc::new(watch::channel(false).0) }
+    }
+
+    pub fn open(&self) {
+        self.tx.send_replace(true);
+    }
+
+    pub fn is_open(&self) -> bool {
+        *self.tx.borrow()
+    }
+
+    /// Waits until the gate is open (forever, if nobody opens it).
+    pub async fn wait(&self) {
+        let mut rx = self.tx.subscribe();
+        let _ = rx.wait_for(|open| *open).await;
+    }
+
+    /// Waits until the gate is open; fails the test after [`DEADLINE`].
+    pub async fn reached(&self, what: &str) {
+        tokio::time::timeout(DEADLINE, self.wait()).await.unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+    }
+}
+
+/// Opens its gate when dropped: put one in a handler to learn when the worker
+/// dropped (or finished) that handler's future.
+pub struct OpenOnDrop(pub Gate);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+/// Polls `check` every 20 ms until it holds; fails the test after [`DEADLINE`].
+pub async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the run satisfies `pred` and returns it; fails the test after [`DEADLINE`].
+pub async fn wait_for_run_where(engine: &Engine, run_id: Uuid, what: &str, pred: impl Fn(&Run) -> bool) -> Run {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let run = engine.run(run_id).await.expect("load run");
+        if pred(&run) {
+            return run;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}; run is {run:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the run is finished; fails the test if it is not within [`DEADLINE`].
+pub async fn finished(engine: &Engine, run_id: Uuid) -> Run {
+    wait_for_run_where(engine, run_id, "the run to finish", |r| r.state.is_finished()).await
+}
+
+/// Checks, for `window`, that the run keeps satisfying `pred` (used to show that
+/// something does NOT happen: a timer that must not fire, a run that must not be claimed).
+pub async fn stays(engine: &Engine, run_id: Uuid, window: Duration, what: &str, pred: impl Fn(&Run) -> bool) {
+    let until = tokio::time::Instant::now() + window;
+    loop {
+        let run = engine.run(run_id).await.expect("load run");
+        assert!(pred(&run), "expected the run to stay {what}; it is {run:?}");
+        if tokio::time::Instant::now() >= until {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// One row of `durastep.step_results`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRow {
+    pub key: String,
+    pub output: Value,
+    pub lease_epoch: i64,
+}
+
+/// The stored step results of a run, by key.
+pub async fn step_rows(engine: &Engine, run_id: Uuid) -> Vec<StepRow> {
+    let rows: Vec<(String, Value, i64)> = sqlx::query_as(
+        "SELECT step_key, output, lease_epoch FROM durastep.step_results WHERE run_id = $1 ORDER BY step_key",
+    )
+    .bind(run_id)
+    .fetch_all(engine.pool())
+    .await
+    .expect("load step results");
+    rows.into_iter().map(|(key, output, lease_epoch)| StepRow { key, output, lease_epoch }).collect()
+}
+
+/// The stored result of one step, if any.
+pub async fn step_row(engine: &Engine, run_id: Uuid, key: &str) -> Option<StepRow> {
+    step_rows(engine, run_id).await.into_iter().find(|r| r.key == key)
+}
+
+/// The run's current lease epoch and worker, straight from the table.
+pub async fn lease_of(engine: &Engine, run_id: Uuid) -> (i64, Option<Uuid>) {
+    sqlx::query_as("SELECT lease_epoch, worker_id FROM durastep.runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_one(engine.pool())
+        .await
+        .expect("load lease")
+}
+
+/// `SELECT count(*)` of any query (a table name with an optional WHERE).
+pub async fn count(engine: &Engine, from: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {from}")))
+        .fetch_one(engine.pool())
+        .await
+        .expect("count")
+}
+
+/// The ids of a function's runs, oldest first.
+pub async fn runs_of(engine: &Engine, function_id: &str) -> Vec<Uuid> {
+    sqlx::query_scalar("SELECT id FROM durastep.runs WHERE function_id = $1 ORDER BY created_at, id")
+        .bind(function_id)
+        .fetch_all(engine.pool())
+        .await
+        .expect("load runs")
+}
+
+/// Gates for a lease takeover: attempt 1 (the stale one, in worker A) and
+/// attempt 2 (in worker B) each wait at their own gate; `a_dropped` opens when
+/// the worker drops attempt 1's handler (put an [`OpenOnDrop`] in the handler).
+#[derive(Default)]
+pub struct Handoff {
+    pub a_entered: Gate,
+    pub a_gate: Gate,
+    pub a_dropped: Gate,
+    pub b_entered: Gate,
+    pub b_gate: Gate,
+}
+
+impl Handoff {
+    /// Attempt 1 waits at gate A, later attempts at gate B.
+    pub async fn hold(&self, attempt: u32) {
+        if attempt == 1 {
+            self.a_entered.open();
+            self.a_gate.wait().await;
+        } else {
+            self.b_entered.open();
+            self.b_gate.wait().await;
+        }
+    }
+
+    /// A guard for attempt 1's handler that opens `a_dropped` when the handler is dropped.
+    pub fn drop_guard(&self, attempt: u32) -> Option<OpenOnDrop> {
+        (attempt == 1).then(|| OpenOnDrop(self.a_dropped.clone()))
+    }
+}
+
+/// Makes worker A lose a run to worker B while A's attempt still runs.
+///
+/// Sends `go`, lets worker A (with [`stalling_options`]) claim it and reach gate
+/// A, expires A's lease by moving the database clock past [`LONG_LEASE`], reaps
+/// it, and starts worker B (fast options), whose attempt 2 reaches gate B. A's
+/// heartbeat does not come within a test, so A does not know it lost the lease:
+/// from here only the database's fencing can stop its writes. `make` builds the
+/// function for each engine. Returns the run and both engines and workers.
+pub async fn take_over(
+    opts: &PgConnectOptions,
+    make: impl Fn() -> Function,
+    h: &Handoff,
+) -> (Uuid, Engine, WorkerGuard, Engine, WorkerGuard) {
+    let engine_a = engine_with(opts, vec![make()], stalling_options()).await;
+    let id = engine_a.send(durastep::Event::new("go", &())).await.expect("send").run_ids[0];
+    let wa = spawn_worker(&engine_a);
+    h.a_entered.reached("attempt 1 to reach its gate").await;
+    assert_eq!(lease_of(&engine_a, id).await.0, 1);
+
+    durastep::testing::advance_clock(&engine_a, LONG_LEASE + Duration::from_secs(1)).await.expect("advance clock");
+    assert_eq!(engine_a.reap_expired_leases().await.expect("reap"), 1);
+    let run = engine_a.run(id).await.expect("load run");
+    assert_eq!((run.state, run.attempt), (durastep::RunState::Queued, 2), "{run:?}");
+
+    let engine_b = engine(opts, vec![make()]).await;
+    let wb = spawn_worker(&engine_b);
+    h.b_entered.reached("attempt 2 to reach its gate").await;
+    assert_eq!(lease_of(&engine_b, id).await.0, 2);
+    assert!(!h.a_dropped.is_open(), "worker A noticed the lost lease itself; the test would not test fencing");
+    (id, engine_a, wa, engine_b, wb)
+}
+
+/// Releases the stale attempt 1 and stops worker A, which waits for that
+/// attempt to end, so every write it tried has been answered.
+pub async fn release_stale(h: &Handoff, wa: WorkerGuard) {
+    h.a_gate.open();
+    wa.stop_within(Duration::from_secs(10)).await;
+    assert!(h.a_dropped.is_open(), "the stale handler was not dropped");
+}
+
+/// Runs one statement on a connection of its own (setup before any engine exists).
+pub async fn exec(opts: &PgConnectOptions, sql: &'static str) {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect_with(opts).await.expect("connect");
+    sqlx::query(sql).execute(&mut conn).await.expect("setup statement");
+    conn.close().await.expect("close");
 }

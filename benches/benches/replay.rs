@@ -1,0 +1,195 @@
+//! Step replay: a run with 1,000 stored steps resumes.
+//!
+//! `cargo bench -p durastep-benches --bench replay`
+//!
+//! A run executes 1,000 no-op steps for real (one run in flight: each step waits
+//! for its own commit), then sleeps. Each round makes it due again (run_at = now,
+//! plus a NOTIFY), and the idle worker claims it: the claim statement returns the
+//! run's 1,000 stored results with it, and the handler replays 1,000 memoized
+//! `ctx.step` calls before it sleeps again. The same is done for a run with no
+//! stored steps; the difference of the two wake-to-handler times is the cost of
+//! loading 1,000 steps in the claim. The load query is also timed alone.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use durastep::{Ctx, Engine, Event, Function};
+use durastep_benches::db::BenchDb;
+use durastep_benches::report::{Table, ms, percentile, thousands, verdict};
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const STEPS: usize = 1000;
+const ROUNDS: usize = 40;
+
+/// What the handler saw on one attempt.
+struct Probe {
+    entered: Instant,
+    replayed: Instant,
+}
+
+fn replaying(id: &str, steps: usize, probes: mpsc::UnboundedSender<Probe>) -> Function {
+    Function::new(id).on_event(format!("bench/{id}")).handler(move |ctx: Ctx, _: Value| {
+        let probes = probes.clone();
+        async move {
+            let entered = Instant::now();
+            for _ in 0..steps {
+                ctx.step("s", || async { Ok(()) }).await?;
+            }
+            let _ = probes.send(Probe { entered, replayed: Instant::now() });
+            ctx.sleep("nap", Duration::from_secs(3600)).await?;
+            Ok(())
+        }
+    })
+}
+
+async fn wait_sleeping(pool: &PgPool, run: Uuid) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let state: String = sqlx::query_scalar("SELECT state FROM durastep.runs WHERE id = $1")
+            .bind(run)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if state == "sleeping" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "run {run} stuck in {state}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Wakes the run `ROUNDS` times; returns (wake -> handler entry, memoized replay) per round.
+async fn rounds(
+    pool: &PgPool,
+    run: Uuid,
+    probes: &mut mpsc::UnboundedReceiver<Probe>,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut resume, mut replay) = (vec![], vec![]);
+    for _ in 0..ROUNDS {
+        wait_sleeping(pool, run).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // let the worker go idle
+        let woke = Instant::now();
+        let n = sqlx::query(
+            "WITH u AS (UPDATE durastep.runs SET run_at = durastep.now() WHERE id = $1 AND state = 'sleeping' RETURNING id)
+             SELECT pg_notify('durastep_wakeup', '') FROM u",
+        )
+        .bind(run)
+        .execute(pool)
+        .await
+        .expect("wake")
+        .rows_affected();
+        assert_eq!(n, 1, "run was not sleeping");
+        let p = tokio::time::timeout(Duration::from_secs(10), probes.recv()).await.expect("resumed in time").unwrap();
+        resume.push(p.entered - woke);
+        replay.push(p.replayed - p.entered);
+    }
+    (resume, replay)
+}
+
+#[tokio::main]
+async fn main() {
+    let db = BenchDb::create("replay").await;
+    let pool = db.pool(10).await;
+    println!("# Step replay (database {})", db.name);
+    let (tx_big, mut rx_big) = mpsc::unbounded_channel();
+    let (tx_empty, mut rx_empty) = mpsc::unbounded_channel();
+    let engine = Engine::builder()
+        .pool(pool.clone())
+        .function(replaying("replay1000", STEPS, tx_big))
+        .function(replaying("replay0", 0, tx_empty))
+        .build()
+        .await
+        .expect("build engine");
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn({
+        let (engine, shutdown) = (engine.clone(), shutdown.clone());
+        async move { engine.run_worker(shutdown).await }
+    });
+
+    let sent = Instant::now();
+    let big = engine.send(Event::new("bench/replay1000", &0)).await.expect("send").run_ids[0];
+    let first = tokio::time::timeout(Duration::from_secs(120), rx_big.recv()).await.expect("first attempt").unwrap();
+    let executed = first.replayed - first.entered;
+    let _ = sent;
+    let empty = engine.send(Event::new("bench/replay0", &0)).await.expect("send").run_ids[0];
+    rx_empty.recv().await.unwrap();
+
+    let (resume_big, replay_big) = rounds(&pool, big, &mut rx_big).await;
+    let (resume_empty, _) = rounds(&pool, empty, &mut rx_empty).await;
+
+    // The load half of the claim statement alone, decoded as the worker decodes it.
+    let mut load = vec![];
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        let steps: Value = sqlx::query_scalar(
+            "SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
+               FROM durastep.step_results s WHERE s.run_id = $1",
+        )
+        .bind(big)
+        .fetch_one(&pool)
+        .await
+        .expect("load steps");
+        let map: HashMap<String, Value> = match steps {
+            Value::Object(m) => m.into_iter().collect(),
+            _ => HashMap::new(),
+        };
+        assert_eq!(map.len(), STEPS + 1);
+        load.push(t.elapsed());
+    }
+
+    shutdown.cancel();
+    worker.await.expect("worker task").expect("worker");
+
+    let med = |xs: &[Duration]| percentile(xs, 50.0);
+    let load_delta = med(&resume_big).saturating_sub(med(&resume_empty));
+    let replay_total = load_delta + med(&replay_big);
+    let mut t = Table::new(
+        &format!("Step replay of {STEPS} stored steps (medians of {ROUNDS} resumes, idle worker, LISTEN on)"),
+        &["what", "median", "p99", "note"],
+    );
+    t.row(vec![
+        "wake -> handler entry, run with 1,000 stored steps".into(),
+        ms(med(&resume_big)),
+        ms(percentile(&resume_big, 99.0)),
+        "UPDATE+NOTIFY, LISTEN wake, claim with steps, spawn".into(),
+    ]);
+    t.row(vec![
+        "wake -> handler entry, run with no stored steps".into(),
+        ms(med(&resume_empty)),
+        ms(percentile(&resume_empty, 99.0)),
+        "same path, nothing to load".into(),
+    ]);
+    t.row(vec!["time to load 1,000 steps via the claim (difference)".into(), ms(load_delta), "".into(), "".into()]);
+    t.row(vec![
+        "load query alone + decode (raw sqlx)".into(),
+        ms(med(&load)),
+        ms(percentile(&load, 99.0)),
+        "jsonb_object_agg of 1,001 rows into a HashMap".into(),
+    ]);
+    t.row(vec![
+        "1,000 memoized ctx.step calls".into(),
+        ms(med(&replay_big)),
+        ms(percentile(&replay_big, 99.0)),
+        format!("{} memoized steps/s", thousands(STEPS as f64 / med(&replay_big).as_secs_f64())),
+    ]);
+    t.row(vec![
+        "replay total: load + memoized calls".into(),
+        ms(replay_total),
+        "".into(),
+        format!("target < 5 ms: {}", verdict(replay_total < Duration::from_millis(5))),
+    ]);
+    t.row(vec![
+        "first attempt: 1,000 steps executed, 1 run in flight".into(),
+        ms(executed),
+        "".into(),
+        format!("{} per step (one commit each)", ms(executed / STEPS as u32)),
+    ]);
+    t.print();
+
+    pool.close().await;
+    db.drop_database().await;
+}

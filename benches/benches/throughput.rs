@@ -1,0 +1,207 @@
+//! Throughput: raw Postgres baselines, then the engine on the same server in the
+//! same run, as ratios.
+//!
+//! `cargo bench -p durastep-benches --bench throughput`
+//!
+//! 1. Raw baselines with plain sqlx: single-row INSERT commits/s from 16
+//!    connections; multi-row (group-commit) INSERT rows/s at 16 and 256 rows per
+//!    commit; SKIP LOCKED claim rows/s at 32 per round trip and one at a time.
+//! 2. 10,000 runs of 10 no-op steps with 16 and 256 runs in flight in total,
+//!    in 1 and in 4 worker processes (`bench-worker`), all enqueued first.
+//! 3. 20,000 no-op single-step runs enqueued, then drained.
+//!
+//! Knobs (environment): `BENCH_WRITERS` (group-commit writer tasks per worker,
+//! default the engine's), `BENCH_POOL` (pool per worker process, default 10),
+//! `BENCH_CLAIM_BATCH`, `BENCH_ONLY` (`raw`, `matrix` or `drain`).
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use durastep::{Engine, Event};
+use durastep_benches::db::{BenchDb, wait_for_count};
+use durastep_benches::functions::{self, NOOP1, NOOP10};
+use durastep_benches::process::{WorkerConfig, WorkerProcess};
+use durastep_benches::raw;
+use durastep_benches::report::{Table, ratio, thousands, verdict};
+use sqlx::PgPool;
+
+const WORKER: &str = env!("CARGO_BIN_EXE_bench-worker");
+/// Writer connections for the raw group-commit baseline: the engine's default
+/// number of group-commit writer tasks in one worker.
+const GROUP_TASKS: usize = 2;
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+fn runs_section(name: &str) -> bool {
+    std::env::var("BENCH_ONLY").map_or(true, |only| only == name)
+}
+
+struct Raw {
+    single16: f64,
+    group16: f64,
+    group256: f64,
+    claim32: f64,
+    claim1: f64,
+}
+
+async fn raw_baselines(pool: &PgPool) -> Raw {
+    raw::setup(pool).await;
+    let window = Duration::from_secs(3);
+    let single16 = raw::single_row_commits(pool, 16, window).await;
+    let group16 = raw::group_commit(pool, GROUP_TASKS, 16, window).await;
+    let group256 = raw::group_commit(pool, GROUP_TASKS, 256, window).await;
+    let claim32 = raw::claim(pool, 1, 32, 30_000).await;
+    let claim1 = raw::claim(pool, 1, 1, 5_000).await;
+    sqlx::query("DROP SCHEMA raw CASCADE").execute(pool).await.expect("drop raw schema");
+    let mut t =
+        Table::new("Raw Postgres baselines (plain sqlx, same server and connection settings)", &["what", "rows/s"]);
+    t.row(vec!["single-row INSERT, one commit per row, 16 connections".into(), thousands(single16)]);
+    t.row(vec![format!("group-commit INSERT, 16 rows per commit, {GROUP_TASKS} connections"), thousands(group16)]);
+    t.row(vec![format!("group-commit INSERT, 256 rows per commit, {GROUP_TASKS} connections"), thousands(group256)]);
+    t.row(vec!["SKIP LOCKED claim, 32 rows per round trip, 1 connection".into(), thousands(claim32)]);
+    t.row(vec!["SKIP LOCKED claim, 1 row per round trip, 1 connection".into(), thousands(claim1)]);
+    t.print();
+    Raw { single16, group16, group256, claim32, claim1 }
+}
+
+/// What one configuration measured.
+struct Cell {
+    enqueue: Duration,
+    elapsed: Duration,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_secs_f64()
+}
+
+/// Enqueues `runs` events (workers connected but idle), then starts the workers
+/// and measures until the last run completes (by its `finished_at`: the bench and
+/// Postgres share this machine's clock).
+async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs: usize, in_flight: usize) -> Cell {
+    let pool = engine.pool();
+    sqlx::query("TRUNCATE durastep.events, durastep.runs, durastep.step_results").execute(pool).await.expect("reset");
+    let config = WorkerConfig {
+        in_flight: in_flight / procs,
+        writers: env_usize("BENCH_WRITERS").unwrap_or(WorkerConfig::default().writers),
+        claim_batch: env_usize("BENCH_CLAIM_BATCH").unwrap_or(WorkerConfig::default().claim_batch),
+        pool: env_usize("BENCH_POOL").map_or(10, |p| p as u32),
+        listen: true,
+    };
+    let mut workers = Vec::new();
+    for _ in 0..procs {
+        workers.push(WorkerProcess::spawn(WORKER, &db.url, &config).await);
+    }
+    let started = Instant::now();
+    let mut chunk = Vec::with_capacity(1000);
+    for i in 0..runs {
+        chunk.push(Event::new(event, &i));
+        if chunk.len() == 1000 || i + 1 == runs {
+            engine.send_batch(std::mem::take(&mut chunk)).await.expect("enqueue");
+        }
+    }
+    let enqueue = started.elapsed();
+    sqlx::query("ANALYZE durastep.runs, durastep.events").execute(pool).await.expect("analyze");
+
+    let t0 = unix_now();
+    for w in &mut workers {
+        w.go().await;
+    }
+    let sql = "SELECT count(*) FROM durastep.runs WHERE state = 'completed'";
+    let done = wait_for_count(pool, sql, runs as i64, Duration::from_millis(100), Duration::from_secs(180)).await;
+    assert!(done, "runs did not complete in time");
+    let last: f64 = sqlx::query_scalar("SELECT extract(epoch FROM max(finished_at))::float8 FROM durastep.runs")
+        .fetch_one(pool)
+        .await
+        .expect("last finish");
+    let stops = workers.into_iter().map(|w| tokio::spawn(w.stop()));
+    for s in stops {
+        s.await.expect("stop worker");
+    }
+    Cell { enqueue, elapsed: Duration::from_secs_f64((last - t0).max(1e-6)) }
+}
+
+#[tokio::main]
+async fn main() {
+    let db = BenchDb::create("throughput").await;
+    let pool = db.pool(20).await;
+    println!("# Throughput (database {})", db.name);
+
+    // Always measured: every engine figure is a ratio to these, from this run.
+    let raw = raw_baselines(&pool).await;
+
+    let mut builder = Engine::builder().pool(pool.clone());
+    for f in functions::all() {
+        builder = builder.function(f);
+    }
+    let engine = builder.build().await.expect("build engine");
+
+    if runs_section("matrix") {
+        let runs = 10_000;
+        let mut t = Table::new(
+            "10,000 runs of 10 no-op steps (all enqueued first)",
+            &["runs in flight (total)", "processes", "runs/s", "steps/s", "vs raw", "target", "verdict"],
+        );
+        for in_flight in [16, 256] {
+            for procs in [1, 4] {
+                let cell = run_cell(&db, &engine, NOOP10, runs, procs, in_flight).await;
+                let runs_s = runs as f64 / cell.elapsed.as_secs_f64();
+                let steps_s = runs_s * 10.0;
+                let (base, base_name, factor) = if in_flight == 16 {
+                    (raw.single16, "single-row commits", 0.8)
+                } else {
+                    (raw.group256, "group commit (256)", 0.3)
+                };
+                t.row(vec![
+                    in_flight.to_string(),
+                    procs.to_string(),
+                    thousands(runs_s),
+                    thousands(steps_s),
+                    format!("{} of {base_name} {}", ratio(steps_s, base), thousands(base)),
+                    format!(">= {factor}x ({})", thousands(base * factor)),
+                    verdict(steps_s >= base * factor),
+                ]);
+                eprintln!(
+                    "matrix in_flight={in_flight} procs={procs}: {:.2} s (enqueue {:.2} s)",
+                    cell.elapsed.as_secs_f64(),
+                    cell.enqueue.as_secs_f64()
+                );
+            }
+        }
+        t.print();
+    }
+
+    if runs_section("drain") {
+        let runs = 20_000;
+        let mut t = Table::new(
+            "20,000 no-op single-step runs, enqueued then drained",
+            &[
+                "runs in flight (total)",
+                "processes",
+                "enqueue events/s",
+                "runs/s",
+                "vs raw claim (32/trip)",
+                "target",
+                "verdict",
+            ],
+        );
+        for (procs, in_flight) in [(1, 256), (4, 256)] {
+            let cell = run_cell(&db, &engine, NOOP1, runs, procs, in_flight).await;
+            let runs_s = runs as f64 / cell.elapsed.as_secs_f64();
+            t.row(vec![
+                in_flight.to_string(),
+                procs.to_string(),
+                thousands(runs as f64 / cell.enqueue.as_secs_f64()),
+                thousands(runs_s),
+                ratio(runs_s, raw.claim32),
+                ">= 10,000".into(),
+                verdict(runs_s >= 10_000.0),
+            ]);
+        }
+        t.print();
+    }
+    let _ = (raw.group16, raw.claim1);
+
+    pool.close().await;
+    db.drop_database().await;
+}

@@ -1,0 +1,40 @@
+//! A worker process for the multi-process benches: registers the bench
+//! functions, prints `ready`, starts working on `go`, stops when stdin closes.
+//!
+//! `bench-worker <database-url> [in_flight=N] [writers=N] [claim_batch=N] [pool=N] [listen=bool]`
+
+use durastep::Engine;
+use durastep_benches::process::WorkerConfig;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let url = args.next().expect("usage: bench-worker <database-url> [key=value ...]");
+    let config = WorkerConfig::from_args(args);
+    let mut builder = Engine::builder()
+        .database_url(url)
+        .max_connections(config.pool)
+        .migrate(false)
+        .worker_options(config.options());
+    for f in durastep_benches::functions::all() {
+        builder = builder.function(f);
+    }
+    let engine = builder.build().await.expect("build engine");
+    println!("ready");
+
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let shutdown = CancellationToken::new();
+    let mut worker = None;
+    while let Ok(Some(line)) = lines.next_line().await {
+        if line.trim() == "go" && worker.is_none() {
+            let (engine, shutdown) = (engine.clone(), shutdown.clone());
+            worker = Some(tokio::spawn(async move { engine.run_worker(shutdown).await }));
+        }
+    }
+    shutdown.cancel();
+    if let Some(w) = worker {
+        w.await.expect("worker task").expect("worker");
+    }
+}

@@ -1,0 +1,50 @@
+//! The functions the benches run. Every process (the bench itself, which only
+//! sends, and each `bench-worker`) registers the same set, so any of them can
+//! claim any run.
+
+use std::time::Duration;
+
+use durastep::{Ctx, Function};
+
+/// Event that starts one run of 10 no-op steps.
+pub const NOOP10: &str = "bench/noop10";
+/// Event that starts one run of a single no-op step.
+pub const NOOP1: &str = "bench/noop1";
+/// Event that starts one run that sleeps for an hour after one step.
+pub const SLEEP: &str = "bench/sleep";
+
+/// A function of `steps` no-op steps (each one checkpointed), triggered by `event`.
+///
+/// ```
+/// let f = durastep_benches::functions::noop("noop10", durastep_benches::functions::NOOP10, 10);
+/// assert_eq!(f.id(), "noop10");
+/// ```
+pub fn noop(id: &str, event: &str, steps: usize) -> Function {
+    Function::new(id).on_event(event).handler(move |ctx: Ctx, _: serde_json::Value| async move {
+        for _ in 0..steps {
+            ctx.step("s", || async { Ok(()) }).await?;
+        }
+        Ok(())
+    })
+}
+
+/// A function that sleeps an hour: its runs end up `sleeping`, holding no worker.
+///
+/// ```
+/// assert_eq!(durastep_benches::functions::sleeper().id(), "sleeper");
+/// ```
+pub fn sleeper() -> Function {
+    Function::new("sleeper").on_event(SLEEP).handler(|ctx: Ctx, _: serde_json::Value| async move {
+        ctx.sleep("nap", Duration::from_secs(3600)).await?;
+        Ok(())
+    })
+}
+
+/// Every function a bench worker process registers.
+///
+/// ```
+/// assert_eq!(durastep_benches::functions::all().len(), 3);
+/// ```
+pub fn all() -> Vec<Function> {
+    vec![noop("noop10", NOOP10, 10), noop("noop1", NOOP1, 1), sleeper()]
+}

@@ -1,0 +1,122 @@
+//! Markdown tables, number formatting, percentiles and RSS.
+
+use std::time::Duration;
+
+/// A Markdown table, printed when done.
+///
+/// ```
+/// let mut t = durastep_benches::report::Table::new("Raw", &["what", "rows/s"]);
+/// t.row(vec!["insert".into(), "11,000".into()]);
+/// assert!(t.render().contains("| insert | 11,000 |"));
+/// ```
+pub struct Table {
+    title: String,
+    headers: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with a title and column headers.
+    pub fn new(title: &str, headers: &[&str]) -> Table {
+        Table { title: title.to_owned(), headers: headers.iter().map(|h| (*h).to_owned()).collect(), rows: vec![] }
+    }
+
+    /// Adds a row (as many cells as headers).
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// The table as Markdown, title first.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "\n### {}\n\n| {} |\n|{}\n",
+            self.title,
+            self.headers.join(" | "),
+            "---|".repeat(self.headers.len())
+        );
+        for r in &self.rows {
+            out.push_str(&format!("| {} |\n", r.join(" | ")));
+        }
+        out
+    }
+
+    /// Prints the table to stdout.
+    pub fn print(&self) {
+        println!("{}", self.render());
+    }
+}
+
+/// A count with thousands separators.
+///
+/// ```
+/// assert_eq!(durastep_benches::report::thousands(12345.6), "12,346");
+/// assert_eq!(durastep_benches::report::thousands(999.0), "999");
+/// ```
+pub fn thousands(x: f64) -> String {
+    let n = x.round() as i64;
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 { format!("-{out}") } else { out }
+}
+
+/// Milliseconds with two decimals.
+///
+/// ```
+/// assert_eq!(durastep_benches::report::ms(std::time::Duration::from_micros(1234)), "1.23 ms");
+/// ```
+pub fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+/// A ratio, `a / b`, as `0.83x`.
+///
+/// ```
+/// assert_eq!(durastep_benches::report::ratio(5.0, 10.0), "0.50x");
+/// ```
+pub fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 { format!("{:.2}x", a / b) } else { "n/a".to_owned() }
+}
+
+/// The `p`-th percentile (0..=100, nearest rank) of some durations.
+///
+/// ```
+/// use std::time::Duration;
+/// let xs: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+/// assert_eq!(durastep_benches::report::percentile(&xs, 50.0), Duration::from_millis(50));
+/// assert_eq!(durastep_benches::report::percentile(&xs, 99.0), Duration::from_millis(99));
+/// ```
+pub fn percentile(xs: &[Duration], p: f64) -> Duration {
+    if xs.is_empty() {
+        return Duration::ZERO;
+    }
+    let mut sorted = xs.to_vec();
+    sorted.sort();
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
+/// Resident set size of a process in KiB, from `/proc/<pid>/status` (`VmRSS`).
+///
+/// ```
+/// # #[cfg(target_os = "linux")]
+/// assert!(durastep_benches::report::rss_kib(std::process::id()).unwrap() > 0);
+/// ```
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// Whether a figure meets its target, as a table cell.
+///
+/// ```
+/// assert_eq!(durastep_benches::report::verdict(true), "met");
+/// ```
+pub fn verdict(met: bool) -> String {
+    if met { "met".to_owned() } else { "**missed**".to_owned() }
+}

@@ -1,0 +1,179 @@
+//! Fencing: an attempt that lost its lease cannot store a step result, complete
+//! the run, fail it or put it to sleep; the attempt that took over wins.
+//!
+//! Each test runs attempt 1 in worker A, holds it at a gate, expires its lease by
+//! moving the database clock, reaps it, lets worker B claim attempt 2 and hold
+//! it at its own gate, then releases the stale attempt 1 while attempt 2 still
+//! runs. Worker A's heartbeat does not come within the test, so A does not know
+//! it lost the lease: only the database's fencing (`lease_epoch`) can stop it.
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use durastep::{Backoff, Ctx, Function, HandlerError, RunState};
+use serde_json::json;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use common::{Handoff, lease_of, release_stale, step_row, step_rows, take_over};
+
+/// What the test and both attempts share.
+#[derive(Default)]
+struct Probe {
+    h: Handoff,
+    log: Mutex<Vec<String>>,
+}
+
+impl Probe {
+    fn log(&self, what: &str, attempt: u32) {
+        self.log.lock().unwrap().push(format!("{what}@{attempt}"));
+    }
+
+    fn logged(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+/// The stale attempt finishes a step body after losing its lease: its result
+/// must not be stored and its next step body must not run. Catches: a
+/// checkpoint without the epoch compare, or one that merely relies on ON
+/// CONFLICT (here attempt 2 has not stored `two` yet, so nothing would conflict).
+#[sqlx::test(migrations = false)]
+async fn stale_attempt_cannot_store_a_step_result(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let p = Arc::new(Probe::default());
+    let make = || {
+        let p = p.clone();
+        Function::new("fenced-step").on_event("go").retries(3).backoff(Backoff::Fixed(Duration::ZERO)).handler(
+            move |ctx: Ctx, _: ()| {
+                let p = p.clone();
+                async move {
+                    let attempt = ctx.attempt();
+                    let _dropped = p.h.drop_guard(attempt);
+                    ctx.step("one", || async {
+                        p.log("one", attempt);
+                        Ok(attempt)
+                    })
+                    .await?;
+                    let two: String = ctx
+                        .step("two", || async {
+                            p.h.hold(attempt).await;
+                            p.log("two", attempt);
+                            Ok(format!("two by attempt {attempt}"))
+                        })
+                        .await?;
+                    ctx.step("three", || async {
+                        p.log("three", attempt);
+                        Ok(())
+                    })
+                    .await?;
+                    Ok(format!("done by attempt {attempt}; {two}"))
+                }
+            },
+        )
+    };
+    let (id, _engine_a, wa, engine, wb) = take_over(&opts, make, &p.h).await;
+
+    release_stale(&p.h, wa).await;
+    assert_eq!(p.logged(), ["one@1", "two@1"], "the stale attempt's next step body ran");
+    assert_eq!(step_row(&engine, id, "two").await, None, "the stale attempt stored a step result");
+    let run = engine.run(id).await.unwrap();
+    assert_eq!((run.state, run.attempt), (RunState::Running, 2), "{run:?}");
+
+    p.h.b_gate.open();
+    let run = common::finished(&engine, id).await;
+    wb.stop().await;
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    assert_eq!(run.output, Some(json!("done by attempt 2; two by attempt 2")));
+    assert_eq!(p.logged(), ["one@1", "two@1", "two@2", "three@2"]);
+    let rows: Vec<(String, serde_json::Value, i64)> =
+        step_rows(&engine, id).await.into_iter().map(|r| (r.key, r.output, r.lease_epoch)).collect();
+    assert_eq!(
+        rows,
+        [
+            ("one".to_owned(), json!(1), 1),
+            ("three".to_owned(), json!(null), 2),
+            ("two".to_owned(), json!("two by attempt 2"), 2),
+        ]
+    );
+}
+
+/// How the stale attempt 1 ends once released.
+#[derive(Clone, Copy, Debug)]
+enum StaleEnding {
+    Return,
+    Fail,
+    Sleep,
+}
+
+/// The stale attempt tries to end the run (complete, fail or sleep) while
+/// attempt 2 holds it: the run must stay attempt 2's, running, untouched.
+async fn stale_attempt_cannot_end_the_run(opts: PgConnectOptions, ending: StaleEnding) {
+    common::init_logs();
+    let p = Arc::new(Probe::default());
+    let make = || {
+        let p = p.clone();
+        Function::new("fenced-end").on_event("go").retries(3).backoff(Backoff::Fixed(Duration::ZERO)).handler(
+            move |ctx: Ctx, _: ()| {
+                let p = p.clone();
+                async move {
+                    let attempt = ctx.attempt();
+                    let _dropped = p.h.drop_guard(attempt);
+                    ctx.step("one", || async { Ok(attempt) }).await?;
+                    p.h.hold(attempt).await;
+                    p.log("released", attempt);
+                    if attempt == 1 {
+                        match ending {
+                            StaleEnding::Return => {}
+                            StaleEnding::Fail => return Err(HandlerError::new("stale failure")),
+                            StaleEnding::Sleep => {
+                                ctx.sleep("nap", Duration::from_secs(3600)).await?;
+                                p.log("after-nap", attempt);
+                            }
+                        }
+                    }
+                    Ok(format!("by attempt {attempt}"))
+                }
+            },
+        )
+    };
+    let (id, _engine_a, wa, engine, wb) = take_over(&opts, make, &p.h).await;
+
+    release_stale(&p.h, wa).await;
+    let run = engine.run(id).await.unwrap();
+    assert_eq!(run.state, RunState::Running, "the stale attempt ended the run ({ending:?}): {run:?}");
+    assert_eq!(run.attempt, 2, "{run:?}");
+    assert_eq!(run.output, None, "{run:?}");
+    assert!(run.last_error.as_deref().unwrap_or("").contains("lease expired"), "{run:?}");
+    assert_eq!(lease_of(&engine, id).await.0, 2);
+    assert_eq!(step_row(&engine, id, "nap").await, None, "the stale attempt stored its sleep");
+
+    p.h.b_gate.open();
+    let run = common::finished(&engine, id).await;
+    wb.stop().await;
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    assert_eq!(run.attempt, 2);
+    assert_eq!(run.output, Some(json!("by attempt 2")));
+    assert_eq!(p.logged(), ["released@1", "released@2"]);
+}
+
+/// Catches: a completion that does not compare the epoch (the run would end
+/// `completed` with attempt 1's output).
+#[sqlx::test(migrations = false)]
+async fn stale_attempt_cannot_complete_the_run(_p: PgPoolOptions, opts: PgConnectOptions) {
+    stale_attempt_cannot_end_the_run(opts, StaleEnding::Return).await;
+}
+
+/// Catches: a failure write without the epoch compare (the run would be
+/// requeued as attempt 3 with the stale error).
+#[sqlx::test(migrations = false)]
+async fn stale_attempt_cannot_fail_the_run(_p: PgPoolOptions, opts: PgConnectOptions) {
+    stale_attempt_cannot_end_the_run(opts, StaleEnding::Fail).await;
+}
+
+/// Catches: an unfenced sleep (checkpoint or suspend) that would put attempt
+/// 2's run to sleep under it.
+#[sqlx::test(migrations = false)]
+async fn stale_attempt_cannot_put_the_run_to_sleep(_p: PgPoolOptions, opts: PgConnectOptions) {
+    stale_attempt_cannot_end_the_run(opts, StaleEnding::Sleep).await;
+}

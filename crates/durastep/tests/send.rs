@@ -1,0 +1,178 @@
+//! Sending events: an idempotency key makes a repeated send create nothing
+//! (sequentially, concurrently and inside one batch), and `send_in` joins the
+//! caller's transaction.
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Barrier;
+
+use durastep::{Ctx, Engine, Error, Event, Function, RunState};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// Two functions triggered by `order/placed`, so every event fans out into two runs.
+fn two_functions() -> Vec<Function> {
+    ["invoice", "notify"]
+        .into_iter()
+        .map(|id| Function::new(id).on_event("order/placed").handler(|_ctx: Ctx, v: Value| async move { Ok(v) }))
+        .collect()
+}
+
+async fn stored_payload(engine: &Engine, event_id: uuid::Uuid) -> Value {
+    sqlx::query_scalar("SELECT payload FROM durastep.events WHERE id = $1")
+        .bind(event_id)
+        .fetch_one(engine.pool())
+        .await
+        .unwrap()
+}
+
+/// Catches: a second send that inserts a second event or new runs, or that
+/// reports ids other than the first send's, or overwrites the stored payload.
+#[sqlx::test(migrations = false)]
+async fn same_key_twice_creates_the_runs_once(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let engine = common::engine(&opts, two_functions()).await;
+    let first = engine.send(Event::new("order/placed", &json!({"n": 1})).idempotency_key("order-7")).await.unwrap();
+    let again = engine.send(Event::new("order/placed", &json!({"n": 2})).idempotency_key("order-7")).await.unwrap();
+
+    assert!(!first.duplicate);
+    assert!(again.duplicate);
+    assert_eq!(first.run_ids.len(), 2, "one run per triggered function");
+    assert_eq!(again.event_id, first.event_id);
+    assert_eq!(again.run_ids, first.run_ids);
+    assert_eq!(common::count(&engine, "durastep.events").await, 1);
+    assert_eq!(common::count(&engine, "durastep.runs").await, 2);
+    assert_eq!(stored_payload(&engine, first.event_id).await, json!({"n": 1}), "the first payload is kept");
+    for id in ["invoice", "notify"] {
+        assert_eq!(common::runs_of(&engine, id).await.len(), 1, "{id}");
+    }
+}
+
+/// Two senders race with the same key, 25 times: each time exactly one creates
+/// the event and both get the same ids. Catches: a check-then-insert race (two
+/// events), or a duplicate whose lookup misses the winner's rows.
+#[sqlx::test(migrations = false)]
+async fn concurrent_sends_of_one_key_create_the_runs_once(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let engine = common::engine(&opts, two_functions()).await;
+    let barrier = Arc::new(Barrier::new(2));
+    let sender = |engine: Engine, barrier: Arc<Barrier>| {
+        tokio::spawn(async move {
+            let mut out = Vec::new();
+            for k in 0..25 {
+                barrier.wait().await; // both tasks send key k at the same moment
+                out.push(
+                    engine.send(Event::new("order/placed", &k).idempotency_key(format!("key-{k}"))).await.unwrap(),
+                );
+            }
+            out
+        })
+    };
+    let a = sender(engine.clone(), barrier.clone());
+    let b = sender(engine.clone(), barrier);
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    for (k, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(x.event_id, y.event_id, "key-{k}");
+        assert_eq!(x.run_ids, y.run_ids, "key-{k}");
+        assert_eq!(x.run_ids.len(), 2, "key-{k}");
+        assert!(x.duplicate != y.duplicate, "key-{k}: exactly one send creates the event: {x:?} {y:?}");
+    }
+    assert_eq!(common::count(&engine, "durastep.events").await, 25);
+    assert_eq!(common::count(&engine, "durastep.runs").await, 50);
+}
+
+/// The key is unique per event name: the same key under another name is
+/// another event. Catches: a unique index on the key alone (a silent drop).
+#[sqlx::test(migrations = false)]
+async fn same_key_under_another_name_is_another_event(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let mut functions = two_functions();
+    functions
+        .push(Function::new("refund").on_event("order/cancelled").handler(|_c: Ctx, v: Value| async move { Ok(v) }));
+    let engine = common::engine(&opts, functions).await;
+    let placed = engine.send(Event::new("order/placed", &1).idempotency_key("order-7")).await.unwrap();
+    let cancelled = engine.send(Event::new("order/cancelled", &1).idempotency_key("order-7")).await.unwrap();
+    assert!(!placed.duplicate && !cancelled.duplicate);
+    assert_ne!(placed.event_id, cancelled.event_id);
+    assert_eq!(placed.run_ids.len(), 2);
+    assert_eq!(cancelled.run_ids.len(), 1);
+    assert_eq!(common::count(&engine, "durastep.events").await, 2);
+    assert_eq!(common::count(&engine, "durastep.runs").await, 3);
+}
+
+/// One batch holding the same (name, key) twice stores it once; receipts come
+/// back in input order and the repeat points at the first. A second batch of
+/// known keys creates nothing. Catches: a batch insert that errors on its own
+/// duplicates, or receipts out of order.
+#[sqlx::test(migrations = false)]
+async fn send_batch_with_duplicates_inside_the_batch(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let engine = common::engine(&opts, two_functions()).await;
+    let batch = vec![
+        Event::new("order/placed", &0).idempotency_key("k1"),
+        Event::new("order/placed", &1).idempotency_key("k2"),
+        Event::new("order/placed", &2).idempotency_key("k1"),
+        Event::new("order/placed", &3),
+        Event::new("order/placed", &4),
+    ];
+    let r = engine.send_batch(batch).await.unwrap();
+    assert_eq!(r.iter().map(|r| r.duplicate).collect::<Vec<_>>(), [false, false, true, false, false]);
+    assert_eq!(r[2].event_id, r[0].event_id);
+    assert_eq!(r[2].run_ids, r[0].run_ids);
+    assert!(r.iter().all(|r| r.run_ids.len() == 2));
+    let distinct: std::collections::HashSet<_> = r.iter().map(|r| r.event_id).collect();
+    assert_eq!(distinct.len(), 4, "events without a key are never duplicates");
+    assert_eq!(stored_payload(&engine, r[0].event_id).await, json!(0), "the first of the batch is kept");
+    assert_eq!(common::count(&engine, "durastep.events").await, 4);
+    assert_eq!(common::count(&engine, "durastep.runs").await, 8);
+
+    let again = engine
+        .send_batch(vec![
+            Event::new("order/placed", &9).idempotency_key("k2"),
+            Event::new("order/placed", &9).idempotency_key("k1"),
+        ])
+        .await
+        .unwrap();
+    assert!(again.iter().all(|r| r.duplicate));
+    assert_eq!((again[0].event_id, again[1].event_id), (r[1].event_id, r[0].event_id));
+    assert_eq!((&again[0].run_ids, &again[1].run_ids), (&r[1].run_ids, &r[0].run_ids));
+    assert_eq!(common::count(&engine, "durastep.events").await, 4);
+    assert_eq!(common::count(&engine, "durastep.runs").await, 8);
+}
+
+/// `send_in` writes with the caller's transaction: a rollback leaves no event
+/// and no run (and no worker ever sees one), a commit makes the run start.
+/// Catches: a send_in that uses its own connection (an event for a deal that
+/// was never saved).
+#[sqlx::test(migrations = false)]
+async fn send_in_commits_and_rolls_back_with_the_callers_transaction(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    common::exec(&opts, "CREATE TABLE deals (id int PRIMARY KEY, stage text NOT NULL)").await;
+    let f = Function::new("on-stage").on_event("deal/stage.changed").handler(|ctx: Ctx, deal: i32| async move {
+        ctx.step("mail", || async move { Ok(format!("mailed deal {deal}")) }).await
+    });
+    let engine = common::engine(&opts, vec![f]).await;
+    let w = common::spawn_worker(&engine);
+
+    let mut tx = engine.pool().begin().await.unwrap();
+    sqlx::query("INSERT INTO deals VALUES (1, 'offer')").execute(&mut *tx).await.unwrap();
+    let lost = engine.send_in(&mut tx, Event::new("deal/stage.changed", &1)).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert!(matches!(engine.run(lost.run_ids[0]).await, Err(Error::UnknownRun(_))));
+    assert_eq!(common::count(&engine, "durastep.events").await, 0);
+    assert_eq!(common::count(&engine, "durastep.runs").await, 0);
+    assert_eq!(common::count(&engine, "deals").await, 0);
+
+    let mut tx = engine.pool().begin().await.unwrap();
+    sqlx::query("INSERT INTO deals VALUES (2, 'offer')").execute(&mut *tx).await.unwrap();
+    let kept = engine.send_in(&mut tx, Event::new("deal/stage.changed", &2)).await.unwrap();
+    // Not visible to workers (or anyone) before the commit.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(matches!(engine.run(kept.run_ids[0]).await, Err(Error::UnknownRun(_))));
+    tx.commit().await.unwrap();
+
+    let run = common::finished(&engine, kept.run_ids[0]).await;
+    w.stop().await;
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    assert_eq!(run.output, Some(json!("mailed deal 2")));
+    assert_eq!(common::count(&engine, "durastep.events").await, 1);
+    assert_eq!(common::count(&engine, "durastep.runs").await, 1);
+}

@@ -1,0 +1,270 @@
+//! Steps: a stored step result never runs again, and step keys are deterministic
+//! (repeated names, concurrent steps) across attempts and across a sleep.
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use durastep::{Backoff, Ctx, Event, Function, HandlerError, RunState};
+use serde_json::json;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use common::{StepRow, step_rows};
+
+/// Counters shared between a test and its handler.
+#[derive(Default)]
+struct Counts {
+    entries: AtomicU32,
+    a: AtomicU32,
+    b: AtomicU32,
+    c: AtomicU32,
+}
+
+fn bump(n: &AtomicU32) -> u32 {
+    n.fetch_add(1, Ordering::SeqCst) + 1
+}
+
+fn get(n: &AtomicU32) -> u32 {
+    n.load(Ordering::SeqCst)
+}
+
+/// Three attempts: `b` fails on attempt 1, `c` on attempt 2. Each attempt runs
+/// the handler from the top, but a step whose result is stored returns it
+/// without running its body. Catches: the claim not loading stored results, a
+/// lookup by the wrong key, or a retry that re-runs finished steps.
+#[sqlx::test(migrations = false)]
+async fn stored_steps_never_run_again_across_attempts(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let counts = Arc::new(Counts::default());
+    let k = counts.clone();
+    let f = Function::new("three-attempts").on_event("go").retries(5).backoff(Backoff::Fixed(Duration::ZERO)).handler(
+        move |ctx: Ctx, _: ()| {
+            let k = k.clone();
+            async move {
+                bump(&k.entries);
+                // A fresh random value each time the body runs: a re-run would show.
+                let a: String = ctx
+                    .step("a", || async {
+                        bump(&k.a);
+                        Ok(uuid::Uuid::new_v4().to_string())
+                    })
+                    .await?;
+                let b: u32 = ctx
+                    .step("b", || async {
+                        if bump(&k.b) == 1 {
+                            return Err(HandlerError::new("b fails once"));
+                        }
+                        Ok(7)
+                    })
+                    .await?;
+                let c: u32 = ctx
+                    .step("c", || async {
+                        if bump(&k.c) == 1 {
+                            return Err(HandlerError::new("c fails once"));
+                        }
+                        Ok(b * 6)
+                    })
+                    .await?;
+                Ok(json!({ "a": a, "c": c, "attempt": ctx.attempt() }))
+            }
+        },
+    );
+    let engine = common::engine(&opts, vec![f]).await;
+    let receipt = engine.send(Event::new("go", &())).await.unwrap();
+    let id = receipt.run_ids[0];
+    let w = common::spawn_worker(&engine);
+    let run = common::finished(&engine, id).await;
+    w.stop().await;
+
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    assert_eq!(run.attempt, 3);
+    assert_eq!(get(&counts.entries), 3, "the handler runs from the top on every attempt");
+    assert_eq!(get(&counts.a), 1, "a finished on attempt 1 and never ran again");
+    assert_eq!(get(&counts.b), 2, "b: one failure, one success, then never again");
+    assert_eq!(get(&counts.c), 2, "c: one failure, one success");
+    let rows = step_rows(&engine, id).await;
+    let keys: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["a", "b", "c"]);
+    // The value later attempts saw for `a` is the stored one, not a fresh one.
+    let output = run.output.unwrap();
+    assert_eq!(output["a"], rows[0].output);
+    assert_eq!(output["c"], json!(42));
+    assert_eq!(output["attempt"], json!(3));
+    // Each row was stored by the attempt that finished the step.
+    assert_eq!(rows.iter().map(|r| r.lease_epoch).collect::<Vec<_>>(), [1, 2, 3]);
+}
+
+/// A run that sleeps leaves the worker and is resumed later by running the
+/// handler from the top: the steps before the sleep return their stored
+/// results. Catches: a resume that re-runs pre-sleep steps (a doubled budget).
+#[sqlx::test(migrations = false)]
+async fn steps_before_a_sleep_do_not_run_again_after_it(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let counts = Arc::new(Counts::default());
+    let k = counts.clone();
+    let f = Function::new("nap").on_event("go").handler(move |ctx: Ctx, _: ()| {
+        let k = k.clone();
+        async move {
+            bump(&k.entries);
+            let token: String = ctx
+                .step("get-token", || async {
+                    bump(&k.a);
+                    Ok(uuid::Uuid::new_v4().to_string())
+                })
+                .await?;
+            ctx.step("push", || async {
+                bump(&k.b);
+                Ok(())
+            })
+            .await?;
+            ctx.sleep("settle", Duration::from_secs(3600)).await?;
+            let logged: String = ctx
+                .step("log", || async {
+                    bump(&k.c);
+                    Ok(format!("logged with {token}"))
+                })
+                .await?;
+            Ok(logged)
+        }
+    });
+    let engine = common::engine(&opts, vec![f]).await;
+    let id = engine.send(Event::new("go", &())).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    common::wait_for_run_where(&engine, id, "the run to sleep", |r| r.state == RunState::Sleeping).await;
+    assert_eq!((get(&counts.a), get(&counts.b), get(&counts.c)), (1, 1, 0));
+
+    durastep::testing::advance_clock(&engine, Duration::from_secs(3601)).await.unwrap();
+    let run = common::finished(&engine, id).await;
+    w.stop().await;
+
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    assert_eq!(run.attempt, 1, "waking from a sleep is not a new attempt");
+    assert_eq!(get(&counts.entries), 2, "the handler ran again from the top after the sleep");
+    assert_eq!((get(&counts.a), get(&counts.b), get(&counts.c)), (1, 1, 1), "no step ran twice");
+    let token = step_rows(&engine, id).await.into_iter().find(|r| r.key == "get-token").unwrap().output;
+    assert_eq!(run.output, Some(json!(format!("logged with {}", token.as_str().unwrap()))));
+}
+
+/// Repeated names get keys `name`, `name#2`, `name#3`, the same on every
+/// attempt, so attempt 2 finds each occurrence's own result. Catches: keys that
+/// depend on anything but call order (time, attempt), or a counter that is not
+/// reset per attempt (attempt 2 would ask for `item#4`.. and re-run the bodies).
+#[sqlx::test(migrations = false)]
+async fn repeated_step_names_get_numbered_deterministic_keys(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let items = Arc::new(AtomicU32::new(0));
+    let fails = Arc::new(AtomicU32::new(0));
+    let (i2, f2) = (items.clone(), fails.clone());
+    let f = Function::new("repeat").on_event("go").backoff(Backoff::Fixed(Duration::ZERO)).handler(
+        move |ctx: Ctx, names: Vec<String>| {
+            let (i2, f2) = (i2.clone(), f2.clone());
+            async move {
+                let mut out = Vec::new();
+                for name in names {
+                    let i2 = i2.clone();
+                    let v: String = ctx
+                        .step("item", || async move {
+                            i2.fetch_add(1, Ordering::SeqCst);
+                            Ok(format!("processed {name}"))
+                        })
+                        .await?;
+                    out.push(v);
+                }
+                ctx.step("after", || async {
+                    if f2.fetch_add(1, Ordering::SeqCst) == 0 {
+                        return Err(HandlerError::new("fail once after the loop"));
+                    }
+                    Ok(())
+                })
+                .await?;
+                Ok(out)
+            }
+        },
+    );
+    let engine = common::engine(&opts, vec![f]).await;
+    let id = engine.send(Event::new("go", &["x", "y", "z"])).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    let run = common::finished(&engine, id).await;
+    w.stop().await;
+
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    assert_eq!(run.attempt, 2);
+    assert_eq!(items.load(Ordering::SeqCst), 3, "each occurrence ran once, not again on attempt 2");
+    assert_eq!(run.output, Some(json!(["processed x", "processed y", "processed z"])));
+    let rows = step_rows(&engine, id).await;
+    let expect = |key: &str, output: serde_json::Value| StepRow { key: key.into(), output, lease_epoch: 1 };
+    assert_eq!(
+        rows,
+        [
+            StepRow { key: "after".into(), output: json!(null), lease_epoch: 2 },
+            expect("item", json!("processed x")),
+            expect("item#2", json!("processed y")),
+            expect("item#3", json!("processed z")),
+        ]
+    );
+}
+
+/// Steps run concurrently with `tokio::join!` get their keys when they are
+/// called, not when they finish: the slow first `fetch` is `fetch` even though
+/// the second finishes first. After a retry each is found by its key and none
+/// runs again. Catches: keys assigned in completion order (results swapped on
+/// retry) or concurrent checkpoints lost in the group commit.
+#[sqlx::test(migrations = false)]
+async fn concurrent_steps_keep_deterministic_keys_across_a_retry(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let fails = Arc::new(AtomicU32::new(0));
+    let (l2, f2) = (log.clone(), fails.clone());
+    let f = Function::new("fan-out").on_event("go").backoff(Backoff::Fixed(Duration::ZERO)).handler(
+        move |ctx: Ctx, _: ()| {
+            let (l2, f2) = (l2.clone(), f2.clone());
+            async move {
+                let body = |label: &'static str, delay_ms: u64| {
+                    let l2 = l2.clone();
+                    move || async move {
+                        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                        l2.lock().unwrap().push(label.to_owned());
+                        Ok(label.to_owned())
+                    }
+                };
+                let (slow, fast, other) = tokio::join!(
+                    ctx.step("fetch", body("slow", 60)),
+                    ctx.step("fetch", body("fast", 0)),
+                    ctx.step("other", body("other", 30)),
+                );
+                let (slow, fast, other): (String, String, String) = (slow?, fast?, other?);
+                ctx.step("flaky", || async {
+                    if f2.fetch_add(1, Ordering::SeqCst) == 0 {
+                        return Err(HandlerError::new("fail once after the join"));
+                    }
+                    Ok(())
+                })
+                .await?;
+                Ok(vec![slow, fast, other])
+            }
+        },
+    );
+    let engine = common::engine(&opts, vec![f]).await;
+    let id = engine.send(Event::new("go", &())).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    let run = common::finished(&engine, id).await;
+    w.stop().await;
+
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    assert_eq!(run.attempt, 2);
+    let ran = log.lock().unwrap().clone();
+    assert_eq!(ran, ["fast", "other", "slow"], "bodies finished in this order, once each");
+    assert_eq!(run.output, Some(json!(["slow", "fast", "other"])));
+    let rows: Vec<(String, serde_json::Value)> =
+        step_rows(&engine, id).await.into_iter().map(|r| (r.key, r.output)).collect();
+    assert_eq!(
+        rows,
+        [
+            ("fetch".to_owned(), json!("slow")),
+            ("fetch#2".to_owned(), json!("fast")),
+            ("flaky".to_owned(), json!(null)),
+            ("other".to_owned(), json!("other")),
+        ]
+    );
+}
