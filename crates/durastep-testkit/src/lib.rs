@@ -18,6 +18,11 @@
 //!   its own connection, outside the checkpoint: what the outside world saw.
 //! - **Checks** ([`checks`]) over `durastep.runs` / `durastep.step_results`,
 //!   and **waiting** on conditions with deadlines ([`wait_for`]).
+//! - **Network faults** ([`proxy`]): a TCP proxy between workers and Postgres
+//!   (pass, reset every socket, black-hole, added latency, one listener per
+//!   worker to cut one alone, and a cut right after a commit's reply).
+//! - **A throwaway Postgres** ([`pg::TempPostgres`]): its own cluster on a
+//!   free port, for tests that restart or crash the server.
 //!
 //! ```no_run
 //! use durastep_testkit::{Cluster, FiveSteps, WorkerConfig, checks, ledger};
@@ -73,6 +78,8 @@ mod error;
 pub mod functions;
 pub mod ledger;
 pub mod process;
+pub mod pg;
+pub mod proxy;
 mod wait;
 
 pub use cluster::{Cluster, KEEP_LOGS, READY_TIMEOUT};
