@@ -41,7 +41,7 @@
 //! proxy.set_listener_mode(second, Mode::BlackHole); // only listener 1 is cut
 //! proxy.set_mode(Mode::Reset { refuse_new: false }); // drop every socket, accept new ones
 //! proxy.set_mode(Mode::Pass);
-//! proxy.cut_after_reply("INSERT INTO durastep.step_results", 1);
+//! proxy.cut_after_reply("INSERT INTO durastep.step_results", 1, 0);
 //! # Ok(()) }
 //! ```
 
@@ -96,6 +96,9 @@ struct State {
 struct Trigger {
     pattern: Mutex<String>,
     budget: AtomicU64,
+    /// Matching executions to let through after each cut (so a retry can pass).
+    gap: AtomicU64,
+    skip: AtomicU64,
     cuts: AtomicU64,
     committed: AtomicU64,
 }
@@ -107,7 +110,14 @@ impl Trigger {
         if pattern.is_empty() || !sql.contains(pattern.as_str()) {
             return false;
         }
-        self.budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1)).is_ok()
+        if self.skip.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| s.checked_sub(1)).is_ok() {
+            return false;
+        }
+        let cut = self.budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1)).is_ok();
+        if cut {
+            self.skip.store(self.gap.load(Ordering::SeqCst), Ordering::SeqCst);
+        }
+        cut
     }
 }
 
@@ -282,15 +292,19 @@ impl Proxy {
     /// Arms the ambiguous-commit cut: the next `times` executions (Bind
     /// messages, on any listener) of a statement whose SQL contains `pattern`
     /// reach the server, their reply is swallowed and their connection closed.
-    /// Replaces an earlier pattern and budget; `times = 0` disarms.
+    /// After each cut the next `gap` matching executions pass (so that the
+    /// client's retry is not always cut too). Replaces an earlier pattern and
+    /// budget; `times = 0` disarms.
     ///
     /// ```no_run
     /// # fn demo(proxy: &durastep_testkit::proxy::Proxy) {
-    /// proxy.cut_after_reply("INSERT INTO durastep.step_results", 1);
+    /// proxy.cut_after_reply("INSERT INTO durastep.step_results", 200, 3);
     /// # }
     /// ```
-    pub fn cut_after_reply(&self, pattern: &str, times: u64) {
+    pub fn cut_after_reply(&self, pattern: &str, times: u64, gap: u64) {
         *self.trigger.pattern.lock().unwrap_or_else(|p| p.into_inner()) = pattern.to_owned();
+        self.trigger.gap.store(gap, Ordering::SeqCst);
+        self.trigger.skip.store(0, Ordering::SeqCst);
         self.trigger.budget.store(times, Ordering::SeqCst);
     }
 
