@@ -340,6 +340,29 @@ impl WorkerProcess {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// The lines of its log that contain `needle`, with the timestamp each
+    /// line starts with (the worker's wall clock, as `tracing` prints it);
+    /// lines without a readable timestamp are left out.
+    ///
+    /// ```no_run
+    /// # fn demo(w: &durastep_testkit::WorkerProcess) {
+    /// for (at, line) in w.log_events("lease not extended in time") {
+    ///     println!("{at}: {line}");
+    /// }
+    /// # }
+    /// ```
+    pub fn log_events(&self, needle: &str) -> Vec<(chrono::DateTime<chrono::Utc>, String)> {
+        self.log()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .filter_map(|l| {
+                let stamp = l.split_whitespace().next()?;
+                let at = chrono::DateTime::parse_from_rfc3339(stamp).ok()?.with_timezone(&chrono::Utc);
+                Some((at, l.to_owned()))
+            })
+            .collect()
+    }
+
     /// Waits until the worker printed "ready" (engine built, functions
     /// registered, signal handlers installed); fails early if it exits.
     ///

@@ -8,10 +8,11 @@
 //! - [`Mode::Reset`]: entering it closes every current connection of the
 //!   listener (with a TCP RST); new connections are then refused (accepted
 //!   and reset at once) or passed, per `refuse_new`.
-//! - [`Mode::BlackHole`]: sockets stay open (new ones are accepted too) but
-//!   nothing is forwarded in either direction. Bytes sent meanwhile wait in
-//!   the proxy, as TCP retransmission would keep them, and flow when the mode
-//!   changes back, unless the new mode is a reset.
+//! - [`Mode::BlackHole`]: sockets stay open (new ones are accepted too, but
+//!   reach the server only after the black hole ends) and nothing is
+//!   forwarded in either direction. Bytes sent meanwhile wait in the proxy,
+//!   as TCP retransmission would keep them, and flow when the mode changes
+//!   back, unless the new mode is a reset.
 //! - [`Mode::Latency`]: every chunk is delivered that much later, in each
 //!   direction (a round trip costs twice the latency).
 //!
@@ -359,7 +360,18 @@ struct Conn {
 }
 
 async fn serve(mut client: TcpStream, upstream: String, mut state: watch::Receiver<State>, trigger: Arc<Trigger>) {
+    // In a black hole even the connection attempt goes nowhere: reach the
+    // server only once the mode lets bytes through (no idle backend piles up).
+    while state.borrow().mode == Mode::BlackHole {
+        if state.changed().await.is_err() {
+            return;
+        }
+    }
     let generation = state.borrow().generation;
+    if matches!(state.borrow().mode, Mode::Reset { refuse_new: true }) {
+        let _ = client.set_zero_linger();
+        return;
+    }
     let Ok(mut server) = TcpStream::connect(&upstream).await else {
         let _ = client.set_zero_linger();
         return;
