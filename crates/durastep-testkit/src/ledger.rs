@@ -404,3 +404,50 @@ pub async fn started_after_stored(pool: &PgPool) -> Result<Vec<Execution>> {
 pub async fn executions(pool: &PgPool) -> Result<Vec<Execution>> {
     executions_since(pool, 0).await
 }
+
+/// A sleeper run's wake-up, as the database saw it: the wake time its `nap`
+/// checkpoint stores, and when (database clock: the ledger's `started_at`
+/// plus the test clock offset) the body of its `after` step started.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// for w in durastep_testkit::ledger::wake_ups(&pool).await? {
+///     assert!(w.resumed_at >= w.wake_at, "{w:?}");
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct WakeUp {
+    /// The run.
+    pub run_id: Uuid,
+    /// The stored wake time.
+    pub wake_at: DateTime<Utc>,
+    /// When the `after` step's body started, by the database clock.
+    pub resumed_at: DateTime<Utc>,
+    /// The worker that ran it.
+    pub worker: String,
+    /// Its wall clock then (skewed, in a clock-skew test).
+    pub worker_clock: Option<DateTime<Utc>>,
+}
+
+/// Every execution of a sleeper run's `after` step with its run's stored wake
+/// time. Reads `durastep.step_results` and `durastep.clock` (never writes them).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let early = durastep_testkit::ledger::wake_ups(&pool).await?.into_iter().filter(|w| w.resumed_at < w.wake_at).count();
+/// assert_eq!(early, 0);
+/// # Ok(()) }
+/// ```
+pub async fn wake_ups(pool: &PgPool) -> Result<Vec<WakeUp>> {
+    Ok(sqlx::query_as(
+        "SELECT l.run_id, (s.output->>'wake_at')::timestamptz AS wake_at,
+                l.started_at + (SELECT offset_by FROM durastep.clock) AS resumed_at, l.worker, l.worker_clock
+           FROM testkit_ledger l
+           JOIN durastep.step_results s ON s.run_id = l.run_id AND s.step_key = 'nap'
+          WHERE l.step_key = 'after'
+          ORDER BY l.id",
+    )
+    .fetch_all(pool)
+    .await?)
+}

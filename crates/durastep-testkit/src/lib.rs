@@ -11,7 +11,7 @@
 //!   SIGTERM ([`WorkerProcess::terminate`]); [`Cluster::restart`] replaces a
 //!   worker by a fresh process. Failpoints go in [`WorkerConfig::failpoints`]
 //!   (the `DURASTEP_FAILPOINTS` syntax of `durastep::failpoints`).
-//! - **Test functions** ([`functions`]): `five-steps` and `slow-step`, whose
+//! - **Test functions** ([`functions`]): `five-steps`, `slow-step` and `sleeper`, whose
 //!   outputs are deterministic functions of their input (the oracles), and
 //!   whose step bodies record each execution in the **ledger**.
 //! - **Ledger** ([`ledger`]): one row per execution of a step body, written on
@@ -85,7 +85,8 @@ mod wait;
 pub use cluster::{Cluster, KEEP_LOGS, READY_TIMEOUT};
 pub use error::{Error, Result};
 pub use functions::{
-    FiveSteps, FunctionSettings, SlowStep, five_steps_key, five_steps_oracle, five_steps_step_output, slow_step_oracle,
+    FiveSteps, FunctionSettings, Sleeper, SlowStep, five_steps_key, five_steps_oracle, five_steps_step_output,
+    sleeper_oracle, slow_step_oracle,
 };
 pub use ledger::{Ledger, LedgerOptions};
 pub use process::{Signal, WorkerConfig, WorkerProcess};
