@@ -279,7 +279,9 @@ fn sleeper(ledger: Ledger) -> Function {
             async move {
                 let (c, l) = (ctx.clone(), ledger.clone());
                 let before: u64 = ctx
-                    .step("before", || async move { recorded(&c, &l, "before", Duration::ZERO, input.n % MODULUS + 1).await })
+                    .step("before", || async move {
+                        recorded(&c, &l, "before", Duration::ZERO, input.n % MODULUS + 1).await
+                    })
                     .await?;
                 ctx.sleep("nap", Duration::from_millis(input.sleep_ms)).await?;
                 let (c, l) = (ctx.clone(), ledger.clone());

@@ -77,8 +77,8 @@ mod cluster;
 mod error;
 pub mod functions;
 pub mod ledger;
-pub mod process;
 pub mod pg;
+pub mod process;
 pub mod proxy;
 mod wait;
 

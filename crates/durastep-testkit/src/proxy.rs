@@ -532,7 +532,10 @@ async fn pump(
                         b'P' => {
                             let s = cstrings(body, 2);
                             if let [name, sql] = s.as_slice() {
-                                conn.statements.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), sql.clone());
+                                conn.statements
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .insert(name.clone(), sql.clone());
                             }
                         }
                         b'B' => {

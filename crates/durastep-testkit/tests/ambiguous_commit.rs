@@ -91,7 +91,10 @@ async fn check_no_duplicates_no_conflicts(c: &mut Cluster, runs: &[Uuid]) -> Str
         let hit = logs.lines().find(|l| l.contains(bad));
         assert!(hit.is_none(), "a worker logged {bad:?}: {hit:?}");
     }
-    format!("{n} runs completed on attempt 1, {} step rows, {} executions (max 1 per step)", totals.rows, summary.executions)
+    format!(
+        "{n} runs completed on attempt 1, {} step rows, {} executions (max 1 per step)",
+        totals.rows, summary.executions
+    )
 }
 
 /// (i) The failpoint: 30% of flushes that committed are reported failed.

@@ -78,8 +78,10 @@ async fn skewed_workers_never_fire_timers_early(_p: PgPoolOptions, opts: PgConne
     c.wait_finished(&runs, Duration::from_secs(90)).await.unwrap();
 
     let pool = c.pool().clone();
-    let offset: f64 =
-        sqlx::query_scalar("SELECT extract(epoch FROM offset_by)::float8 FROM durastep.clock").fetch_one(&pool).await.unwrap();
+    let offset: f64 = sqlx::query_scalar("SELECT extract(epoch FROM offset_by)::float8 FROM durastep.clock")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(offset, 0.0, "the database clock must be the real one here");
     for &run in &runs {
         let r = checks::run(&pool, run).await.unwrap();

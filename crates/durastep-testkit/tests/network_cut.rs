@@ -83,7 +83,13 @@ async fn check_completed(c: &mut Cluster, runs: &[Uuid]) -> String {
         assert!(c.worker(i).is_running().unwrap(), "worker {i} exited:\n{}", c.worker(i).log_tail(20));
     }
     let s = ledger::summary(&pool).await.unwrap();
-    format!("{} runs completed, {} step bodies for {} steps ({} run more than once)", runs.len(), s.executions, s.steps, s.repeated_steps)
+    format!(
+        "{} runs completed, {} step bodies for {} steps ({} run more than once)",
+        runs.len(),
+        s.executions,
+        s.steps,
+        s.repeated_steps
+    )
 }
 
 /// How long after `healed_at` the first step body started (by a worker's
@@ -112,7 +118,12 @@ async fn recovery_after(c: &Cluster, healed_at: DateTime<Utc>, pids: &[i32]) -> 
 /// cut is stamped within one lease of it, there is at least one, and no step
 /// body of an attempt it ran before the cut started after the cut plus a lease.
 /// Returns the latest drop after the cut.
-async fn check_stopped_within_lease(c: &mut Cluster, i: usize, cut_at: DateTime<Utc>, healed_at: DateTime<Utc>) -> Duration {
+async fn check_stopped_within_lease(
+    c: &mut Cluster,
+    i: usize,
+    cut_at: DateTime<Utc>,
+    healed_at: DateTime<Utc>,
+) -> Duration {
     let w = c.worker(i);
     let pid = w.pid() as i32;
     let drops: Vec<DateTime<Utc>> =

@@ -59,8 +59,7 @@ async fn postgres_restarts_mid_run() {
     let soak = std::env::var_os("DURASTEP_SOAK").is_some();
     let seed = seed();
     let mut rng = Rng(seed);
-    let (n, interval_ms, min_restarts) =
-        if soak { (5_000, (10_000, 40_000), 3) } else { (2_000, (3_000, 8_000), 3) };
+    let (n, interval_ms, min_restarts) = if soak { (5_000, (10_000, 40_000), 3) } else { (2_000, (3_000, 8_000), 3) };
     let workers = rng.between(2, 4) as usize;
     eprintln!("pg_restart: seed {seed} (DURASTEP_SEED replays it), {workers} workers, {n} runs");
 
@@ -95,7 +94,7 @@ async fn postgres_restarts_mid_run() {
         if unfinished(&c, &runs).await == Some(0) {
             break;
         }
-        let mode = if restarts.len() % 2 == 0 { StopMode::Immediate } else { StopMode::Fast };
+        let mode = if restarts.len().is_multiple_of(2) { StopMode::Immediate } else { StopMode::Fast };
         let took = pg.restart(mode).await.unwrap();
         let up = Utc::now();
         let left = loop {
@@ -107,7 +106,11 @@ async fn postgres_restarts_mid_run() {
         eprintln!("pg_restart: restart {} ({mode:?}) took {took:.2?}; {left} runs left", restarts.len() + 1);
         restarts.push((mode, took, up, left));
         for i in 0..workers {
-            assert!(c.worker(i).is_running().unwrap(), "worker {i} exited after a restart:\n{}", c.worker(i).log_tail(30));
+            assert!(
+                c.worker(i).is_running().unwrap(),
+                "worker {i} exited after a restart:\n{}",
+                c.worker(i).log_tail(30)
+            );
         }
         assert!(Instant::now() < deadline, "the runs did not finish in time");
     }
@@ -143,11 +146,7 @@ async fn postgres_restarts_mid_run() {
             match first {
                 Some(t) => samples.push((t - *up).to_std().unwrap()),
                 // Only acceptable when there was too little work left for every worker.
-                None => assert!(
-                    *left < 24,
-                    "worker {i} did nothing after restart {} ({left} runs were left)",
-                    k + 1
-                ),
+                None => assert!(*left < 24, "worker {i} did nothing after restart {} ({left} runs were left)", k + 1),
             }
         }
     }
