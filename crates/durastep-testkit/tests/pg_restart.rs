@@ -70,11 +70,12 @@ async fn postgres_restarts_mid_run() {
         lease: Duration::from_secs(5),
         heartbeat: Duration::from_millis(500),
         // 24 attempts in flight in all, whatever the worker count: the drain
-        // (about 40 s in the CI tier) outlasts at least 3 restarts.
+        // (about 40 s in the CI tier) outlasts at least 3 restarts of 3-8 s.
         max_in_flight: 24 / workers,
         claim_batch: 24 / workers,
         pool_size: 3,
-        step_delay: Duration::from_millis(70),
+        // Soak: about 4 minutes of work, so that restarts every 10-40 s come at least 3 times.
+        step_delay: Duration::from_millis(if soak { 200 } else { 70 }),
         ledger_synchronous_commit: true,
         ..WorkerConfig::default()
     };
