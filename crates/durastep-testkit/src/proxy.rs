@@ -6,8 +6,8 @@
 //!
 //! - [`Mode::Pass`]: bytes flow both ways.
 //! - [`Mode::Reset`]: entering it closes every current connection of the
-//!   listener (with a TCP RST); new connections are then refused (accepted
-//!   and reset at once) or passed, per `refuse_new`.
+//!   listener with a TCP RST, on both sides; new connections are then refused
+//!   (accepted and reset at once) or passed, per `refuse_new`.
 //! - [`Mode::BlackHole`]: sockets stay open (new ones are accepted too, but
 //!   reach the server only after the black hole ends) and nothing is
 //!   forwarded in either direction. Bytes sent meanwhile wait in the proxy,
@@ -378,6 +378,10 @@ async fn serve(mut client: TcpStream, upstream: String, mut state: watch::Receiv
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
+    // Every close is an abortive one (RST): a reset drops both sockets, and
+    // so does the end of either direction (nothing more is owed to the other side).
+    let _ = client.set_zero_linger();
+    let _ = server.set_zero_linger();
     // The untyped startup messages: answer SSL/GSS requests "no", forward the rest.
     if startup(&mut client, &mut server).await.is_err() {
         return;
@@ -395,13 +399,11 @@ async fn serve(mut client: TcpStream, upstream: String, mut state: watch::Receiv
         }
         std::future::pending::<()>().await;
     };
-    let (client_half, server_half) = tokio::select! {
-        r = up => r,
-        r = down => r,
-        () = reset => (None, None),
-    };
-    for half in [client_half, server_half].into_iter().flatten() {
-        let _ = AsRef::<TcpStream>::as_ref(&half).set_zero_linger();
+    // Whichever ends first drops everything: both sockets close with a RST.
+    tokio::select! {
+        () = up => {}
+        () = down => {}
+        () = reset => {}
     }
 }
 
@@ -487,8 +489,8 @@ fn cstrings(body: &[u8], n: usize) -> Vec<String> {
     body.split(|&b| b == 0).take(n).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
 }
 
-/// Forwards one direction under the listener's mode. Returns the halves to
-/// reset when the connection ends.
+/// Forwards one direction under the listener's mode, until either side closes
+/// (or, on the server side of an armed connection, the swallowed reply ends).
 async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
@@ -496,7 +498,7 @@ async fn pump(
     direction: Direction,
     conn: Arc<Conn>,
     trigger: Arc<Trigger>,
-) -> (Option<OwnedWriteHalf>, Option<OwnedWriteHalf>) {
+) {
     let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(64);
     let mut read_state = state.clone();
     let reader = async move {
@@ -601,10 +603,6 @@ async fn pump(
     // Whichever side ends first ends the direction (the reader drops the
     // sender when it ends, so the writer flushes what is queued, then ends).
     tokio::join!(reader, writer);
-    match direction {
-        Direction::ToServer => (None, Some(to)),
-        Direction::ToClient => (Some(to), None),
-    }
 }
 
 impl Proxy {
