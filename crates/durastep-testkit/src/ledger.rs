@@ -428,10 +428,18 @@ pub struct WakeUp {
     pub worker: String,
     /// Its wall clock then (skewed, in a clock-skew test).
     pub worker_clock: Option<DateTime<Utc>>,
+    /// The sleep asked for (`Sleeper::sleep_ms`).
+    pub sleep_ms: i64,
+    /// The earliest end of a `before` body (database clock): the sleep was
+    /// called after it.
+    pub before_ended_at: Option<DateTime<Utc>>,
+    /// When the `nap` checkpoint was stored (database clock): the sleep was
+    /// called before it.
+    pub armed_at: DateTime<Utc>,
 }
 
 /// Every execution of a sleeper run's `after` step with its run's stored wake
-/// time. Reads `durastep.step_results` and `durastep.clock` (never writes them).
+/// time. Reads `durastep.step_results`, `runs`, `events` and `clock` (never writes them).
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
@@ -442,9 +450,16 @@ pub struct WakeUp {
 pub async fn wake_ups(pool: &PgPool) -> Result<Vec<WakeUp>> {
     Ok(sqlx::query_as(
         "SELECT l.run_id, (s.output->>'wake_at')::timestamptz AS wake_at,
-                l.started_at + (SELECT offset_by FROM durastep.clock) AS resumed_at, l.worker, l.worker_clock
+                l.started_at + c.offset_by AS resumed_at, l.worker, l.worker_clock,
+                (e.payload->>'sleep_ms')::bigint AS sleep_ms,
+                (SELECT min(b.ended_at) + c.offset_by FROM testkit_ledger b
+                  WHERE b.run_id = l.run_id AND b.step_key = 'before') AS before_ended_at,
+                s.created_at + c.offset_by AS armed_at
            FROM testkit_ledger l
            JOIN durastep.step_results s ON s.run_id = l.run_id AND s.step_key = 'nap'
+           JOIN durastep.runs r ON r.id = l.run_id
+           JOIN durastep.events e ON e.id = r.event_id
+          CROSS JOIN durastep.clock c
           WHERE l.step_key = 'after'
           ORDER BY l.id",
     )

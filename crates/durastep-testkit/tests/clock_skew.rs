@@ -5,7 +5,9 @@
 //! Pass figure: 0 timers fire early. For every run, the `after` step's body
 //! (ledger, database clock) started no earlier than the wake time stored in
 //! its `nap` checkpoint, whichever worker armed the sleep and whichever resumed
-//! it. The test also checks that the skew was real: the ledger's
+//! it; and that stored wake time is the sleep's length after the call by the
+//! database clock (between the end of the `before` body and the storing of
+//! the checkpoint, plus the length). The test also checks that the skew was real: the ledger's
 //! `worker_clock` (each worker's own wall clock) is 300 s off the database's.
 //! A worker that computed its wake time or due-ness from its wall clock would
 //! fail here: 300 s behind, its sleeps would end at once.
@@ -75,9 +77,26 @@ async fn skewed_workers_never_fire_timers_early(_p: PgPoolOptions, opts: PgConne
     // Sleeps of 0.5-3 s by the database clock.
     let inputs: Vec<Sleeper> = (0..n).map(|i| Sleeper { n: i, sleep_ms: 500 + next() % 2_500 }).collect();
     let runs = c.send_sleepers(inputs).await.unwrap();
-    c.wait_finished(&runs, Duration::from_secs(90)).await.unwrap();
+    let finished = c.wait_finished(&runs, Duration::from_secs(90)).await;
 
     let pool = c.pool().clone();
+    // Early wake-ups first: they are the failure this test is for (a worker
+    // trusting its own clock also makes the runs of the other one sleep 300 s too long).
+    let wake_ups = ledger::wake_ups(&pool).await.unwrap();
+    let early: Vec<_> = wake_ups.iter().filter(|w| w.resumed_at < w.wake_at).collect();
+    assert!(early.is_empty(), "{} timers fired early; first: {:?}", early.len(), early.first());
+    // And the stored wake time is the one asked for, by the database clock:
+    // the sleep was called after `before` ended and before `nap` was stored,
+    // and the worker's idea of the database time is never ahead of it (G5),
+    // at most a claim round trip behind (1 s allowed). A wake time taken from
+    // a skewed wall clock would be 300 s off.
+    for w in &wake_ups {
+        let d = chrono::Duration::milliseconds(w.sleep_ms);
+        assert!(w.wake_at <= w.armed_at + d, "wake time later than asked (by the database clock): {w:?}");
+        let lower = w.before_ended_at.unwrap() + d - chrono::Duration::seconds(1);
+        assert!(w.wake_at >= lower, "wake time earlier than asked (by the database clock): {w:?}");
+    }
+    finished.unwrap();
     let offset: f64 = sqlx::query_scalar("SELECT extract(epoch FROM offset_by)::float8 FROM durastep.clock")
         .fetch_one(&pool)
         .await
@@ -95,10 +114,7 @@ async fn skewed_workers_never_fire_timers_early(_p: PgPoolOptions, opts: PgConne
         assert_eq!(r.output, Some(Value::from(sleeper_oracle(input))), "{r:?}");
     }
 
-    let wake_ups = ledger::wake_ups(&pool).await.unwrap();
     assert!(wake_ups.len() as u64 >= n, "{} wake-ups for {n} runs", wake_ups.len());
-    let early: Vec<_> = wake_ups.iter().filter(|w| w.resumed_at < w.wake_at).collect();
-    assert!(early.is_empty(), "{} timers fired early; first: {:?}", early.len(), early.first());
     let late: Vec<f64> = wake_ups.iter().map(|w| (w.resumed_at - w.wake_at).num_milliseconds() as f64 / 1e3).collect();
     let max_late = late.iter().copied().fold(0.0, f64::max);
 
