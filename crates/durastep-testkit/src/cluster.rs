@@ -10,7 +10,7 @@ use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-use crate::functions::{self, FiveSteps, FunctionSettings, SlowStep};
+use crate::functions::{self, FiveSteps, FunctionSettings, Sleeper, SlowStep};
 use crate::ledger::{self, Ledger};
 use crate::process::{WorkerConfig, WorkerProcess};
 
@@ -269,6 +269,17 @@ impl Cluster {
     /// ```
     pub async fn send_slow_step(&self, input: SlowStep) -> Result<Uuid> {
         Ok(self.send_all(vec![input.event()]).await?.remove(0))
+    }
+
+    /// Sends one sleeper event per input; returns the run ids in input order.
+    ///
+    /// ```no_run
+    /// # async fn demo(c: &durastep_testkit::Cluster) -> durastep_testkit::Result<()> {
+    /// let runs = c.send_sleepers([durastep_testkit::Sleeper { n: 1, sleep_ms: 1_000 }]).await?;
+    /// # let _ = runs; Ok(()) }
+    /// ```
+    pub async fn send_sleepers(&self, inputs: impl IntoIterator<Item = Sleeper>) -> Result<Vec<Uuid>> {
+        self.send_all(inputs.into_iter().map(|i| i.event()).collect()).await
     }
 
     async fn send_all(&self, events: Vec<Event>) -> Result<Vec<Uuid>> {

@@ -22,6 +22,13 @@ pub const SLOW_STEP: &str = "slow-step";
 pub const SLOW_STEP_EVENT: &str = "testkit/slow-step";
 /// Step keys of the slow-step function, in order.
 pub const SLOW_STEP_KEYS: [&str; 2] = ["slow", "after"];
+/// Id of the sleeper function: a step, a durable sleep, a step.
+pub const SLEEPER: &str = "sleeper";
+/// The event that starts a [`SLEEPER`] run (payload: [`Sleeper`]).
+pub const SLEEPER_EVENT: &str = "testkit/sleeper";
+/// Step keys of the sleeper function, in order (`nap` is the sleep's checkpoint,
+/// which stores `{"wake_at": ...}`).
+pub const SLEEPER_KEYS: [&str; 3] = ["before", "nap", "after"];
 /// Attempts each test function gets: generous, so that fault suites can kill a
 /// run's worker many times without failing the run.
 pub const MAX_ATTEMPTS: u32 = 50;
@@ -89,6 +96,41 @@ impl SlowStep {
     pub fn event(&self) -> Event {
         Event::new(SLOW_STEP_EVENT, self)
     }
+}
+
+/// Input of a [`SLEEPER`] run: step `before`, `ctx.sleep("nap", sleep_ms)`, step `after`.
+///
+/// ```
+/// let input = durastep_testkit::Sleeper { n: 1, sleep_ms: 1_500 };
+/// assert_eq!(durastep_testkit::sleeper_oracle(input.n), 3);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sleeper {
+    /// Seed of the run's output.
+    pub n: u64,
+    /// How long the durable sleep lasts (by the database clock).
+    pub sleep_ms: u64,
+}
+
+impl Sleeper {
+    /// The event that starts a run with this input.
+    ///
+    /// ```
+    /// let e = durastep_testkit::Sleeper { n: 1, sleep_ms: 10 }.event();
+    /// # let _ = e;
+    /// ```
+    pub fn event(&self) -> Event {
+        Event::new(SLEEPER_EVENT, self)
+    }
+}
+
+/// The output of a sleeper run with seed `n`.
+///
+/// ```
+/// assert_eq!(durastep_testkit::sleeper_oracle(10), 12);
+/// ```
+pub fn sleeper_oracle(n: u64) -> u64 {
+    n % MODULUS + 2
 }
 
 /// Worker-wide defaults of the test functions.
@@ -169,7 +211,7 @@ fn slow_output(n: u64) -> u64 {
 /// # let _ = engine; Ok(()) }
 /// ```
 pub fn all(settings: FunctionSettings, ledger: &Ledger) -> Vec<Function> {
-    vec![five_steps(settings, ledger.clone()), slow_step(settings, ledger.clone())]
+    vec![five_steps(settings, ledger.clone()), slow_step(settings, ledger.clone()), sleeper(ledger.clone())]
 }
 
 /// Runs one recorded step body: ledger start, `delay`, ledger end.
@@ -221,6 +263,30 @@ fn slow_step(settings: FunctionSettings, ledger: Ledger) -> Function {
                 let (c, l) = (ctx.clone(), ledger.clone());
                 let after: u64 = ctx
                     .step("after", || async move { recorded(&c, &l, "after", Duration::ZERO, slow + 1).await })
+                    .await?;
+                Ok(after)
+            }
+        })
+}
+
+fn sleeper(ledger: Ledger) -> Function {
+    Function::new(SLEEPER)
+        .on_event(SLEEPER_EVENT)
+        .retries(MAX_ATTEMPTS - 1)
+        .backoff(Backoff::Fixed(Duration::from_millis(50)))
+        .handler(move |ctx: Ctx, input: Sleeper| {
+            let ledger = ledger.clone();
+            async move {
+                let (c, l) = (ctx.clone(), ledger.clone());
+                let before: u64 = ctx
+                    .step("before", || async move {
+                        recorded(&c, &l, "before", Duration::ZERO, input.n % MODULUS + 1).await
+                    })
+                    .await?;
+                ctx.sleep("nap", Duration::from_millis(input.sleep_ms)).await?;
+                let (c, l) = (ctx.clone(), ledger.clone());
+                let after: u64 = ctx
+                    .step("after", || async move { recorded(&c, &l, "after", Duration::ZERO, before + 1).await })
                     .await?;
                 Ok(after)
             }

@@ -36,7 +36,10 @@ const CREATE: &str = "CREATE TABLE IF NOT EXISTS testkit_ledger (
     pid         integer NOT NULL,
     worker      text NOT NULL,
     started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
-    ended_at    timestamptz
+    ended_at    timestamptz,
+    -- The worker's own wall clock when the body started (the database's
+    -- started_at is when the INSERT ran, which a slow network can delay).
+    worker_clock timestamptz
 );
 CREATE INDEX IF NOT EXISTS testkit_ledger_run_step ON testkit_ledger (run_id, step_key)";
 
@@ -140,8 +143,8 @@ impl Ledger {
     /// ```
     pub async fn begin(&self, run_id: Uuid, step_key: &str, attempt: u32) -> Result<i64> {
         let id = sqlx::query_scalar(
-            "INSERT INTO testkit_ledger (run_id, step_key, attempt, lease_epoch, pid, worker)
-             SELECT $1, $2, $3, (SELECT lease_epoch FROM durastep.runs WHERE id = $1), $4, $5
+            "INSERT INTO testkit_ledger (run_id, step_key, attempt, lease_epoch, pid, worker, worker_clock)
+             SELECT $1, $2, $3, (SELECT lease_epoch FROM durastep.runs WHERE id = $1), $4, $5, $6
              RETURNING id",
         )
         .bind(run_id)
@@ -149,6 +152,7 @@ impl Ledger {
         .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
         .bind(self.pid)
         .bind(&self.worker)
+        .bind(Utc::now())
         .fetch_one(&self.pool)
         .await?;
         Ok(id)
@@ -199,6 +203,9 @@ pub struct Execution {
     pub started_at: DateTime<Utc>,
     /// When it finished; `None` if it never did (killed, or dropped mid-body).
     pub ended_at: Option<DateTime<Utc>>,
+    /// The worker's own wall clock when the body started (`started_at` is
+    /// when the database ran the ledger INSERT, later if the network was slow or cut).
+    pub worker_clock: Option<DateTime<Utc>>,
 }
 
 /// Every execution of one run, in start order.
@@ -211,7 +218,7 @@ pub struct Execution {
 /// ```
 pub async fn executions_of_run(pool: &PgPool, run_id: Uuid) -> Result<Vec<Execution>> {
     Ok(sqlx::query_as(
-        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at
+        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at, worker_clock
            FROM testkit_ledger WHERE run_id = $1 ORDER BY id",
     )
     .bind(run_id)
@@ -229,7 +236,7 @@ pub async fn executions_of_run(pool: &PgPool, run_id: Uuid) -> Result<Vec<Execut
 /// ```
 pub async fn executions_of_step(pool: &PgPool, run_id: Uuid, step_key: &str) -> Result<Vec<Execution>> {
     Ok(sqlx::query_as(
-        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at
+        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at, worker_clock
            FROM testkit_ledger WHERE run_id = $1 AND step_key = $2 ORDER BY id",
     )
     .bind(run_id)
@@ -261,7 +268,7 @@ pub async fn high_water(pool: &PgPool) -> Result<i64> {
 /// ```
 pub async fn executions_since(pool: &PgPool, mark: i64) -> Result<Vec<Execution>> {
     Ok(sqlx::query_as(
-        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at
+        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at, worker_clock
            FROM testkit_ledger WHERE id > $1 ORDER BY id",
     )
     .bind(mark)
@@ -362,4 +369,100 @@ pub async fn executions_per_pid(pool: &PgPool) -> Result<Vec<(i32, String, i64)>
     Ok(sqlx::query_as("SELECT pid, min(worker), count(*) FROM testkit_ledger GROUP BY pid ORDER BY pid")
         .fetch_all(pool)
         .await?)
+}
+
+/// Executions that started (by their worker's clock, else the database's)
+/// after their step's result was stored: a stored step run again, which G2
+/// forbids. Reads `durastep.step_results` (never writes it).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let again = durastep_testkit::ledger::started_after_stored(&pool).await?;
+/// assert!(again.is_empty(), "{again:?}");
+/// # Ok(()) }
+/// ```
+pub async fn started_after_stored(pool: &PgPool) -> Result<Vec<Execution>> {
+    Ok(sqlx::query_as(
+        "SELECT l.id, l.run_id, l.step_key, l.attempt, l.lease_epoch, l.pid, l.worker, l.started_at, l.ended_at,
+                l.worker_clock
+           FROM testkit_ledger l
+           JOIN durastep.step_results s ON s.run_id = l.run_id AND s.step_key = l.step_key
+          WHERE coalesce(l.worker_clock, l.started_at) > s.created_at
+          ORDER BY l.id",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Every execution, in start order.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let all = durastep_testkit::ledger::executions(&pool).await?;
+/// # let _ = all; Ok(()) }
+/// ```
+pub async fn executions(pool: &PgPool) -> Result<Vec<Execution>> {
+    executions_since(pool, 0).await
+}
+
+/// A sleeper run's wake-up, as the database saw it: the wake time its `nap`
+/// checkpoint stores, and when (database clock: the ledger's `started_at`
+/// plus the test clock offset) the body of its `after` step started.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// for w in durastep_testkit::ledger::wake_ups(&pool).await? {
+///     assert!(w.resumed_at >= w.wake_at, "{w:?}");
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct WakeUp {
+    /// The run.
+    pub run_id: Uuid,
+    /// The stored wake time.
+    pub wake_at: DateTime<Utc>,
+    /// When the `after` step's body started, by the database clock.
+    pub resumed_at: DateTime<Utc>,
+    /// The worker that ran it.
+    pub worker: String,
+    /// Its wall clock then (skewed, in a clock-skew test).
+    pub worker_clock: Option<DateTime<Utc>>,
+    /// The sleep asked for (`Sleeper::sleep_ms`).
+    pub sleep_ms: i64,
+    /// The earliest end of a `before` body (database clock): the sleep was
+    /// called after it.
+    pub before_ended_at: Option<DateTime<Utc>>,
+    /// When the `nap` checkpoint was stored (database clock): the sleep was
+    /// called before it.
+    pub armed_at: DateTime<Utc>,
+}
+
+/// Every execution of a sleeper run's `after` step with its run's stored wake
+/// time. Reads `durastep.step_results`, `runs`, `events` and `clock` (never writes them).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let early = durastep_testkit::ledger::wake_ups(&pool).await?.into_iter().filter(|w| w.resumed_at < w.wake_at).count();
+/// assert_eq!(early, 0);
+/// # Ok(()) }
+/// ```
+pub async fn wake_ups(pool: &PgPool) -> Result<Vec<WakeUp>> {
+    Ok(sqlx::query_as(
+        "SELECT l.run_id, (s.output->>'wake_at')::timestamptz AS wake_at,
+                l.started_at + c.offset_by AS resumed_at, l.worker, l.worker_clock,
+                (e.payload->>'sleep_ms')::bigint AS sleep_ms,
+                (SELECT min(b.ended_at) + c.offset_by FROM testkit_ledger b
+                  WHERE b.run_id = l.run_id AND b.step_key = 'before') AS before_ended_at,
+                s.created_at + c.offset_by AS armed_at
+           FROM testkit_ledger l
+           JOIN durastep.step_results s ON s.run_id = l.run_id AND s.step_key = 'nap'
+           JOIN durastep.runs r ON r.id = l.run_id
+           JOIN durastep.events e ON e.id = r.event_id
+          CROSS JOIN durastep.clock c
+          WHERE l.step_key = 'after'
+          ORDER BY l.id",
+    )
+    .fetch_all(pool)
+    .await?)
 }

@@ -11,13 +11,18 @@
 //!   SIGTERM ([`WorkerProcess::terminate`]); [`Cluster::restart`] replaces a
 //!   worker by a fresh process. Failpoints go in [`WorkerConfig::failpoints`]
 //!   (the `DURASTEP_FAILPOINTS` syntax of `durastep::failpoints`).
-//! - **Test functions** ([`functions`]): `five-steps` and `slow-step`, whose
+//! - **Test functions** ([`functions`]): `five-steps`, `slow-step` and `sleeper`, whose
 //!   outputs are deterministic functions of their input (the oracles), and
 //!   whose step bodies record each execution in the **ledger**.
 //! - **Ledger** ([`ledger`]): one row per execution of a step body, written on
 //!   its own connection, outside the checkpoint: what the outside world saw.
 //! - **Checks** ([`checks`]) over `durastep.runs` / `durastep.step_results`,
 //!   and **waiting** on conditions with deadlines ([`wait_for`]).
+//! - **Network faults** ([`proxy`]): a TCP proxy between workers and Postgres
+//!   (pass, reset every socket, black-hole, added latency, one listener per
+//!   worker to cut one alone, and a cut right after a commit's reply).
+//! - **A throwaway Postgres** ([`pg::TempPostgres`]): its own cluster on a
+//!   free port, for tests that restart or crash the server.
 //!
 //! ```no_run
 //! use durastep_testkit::{Cluster, FiveSteps, WorkerConfig, checks, ledger};
@@ -72,13 +77,16 @@ mod cluster;
 mod error;
 pub mod functions;
 pub mod ledger;
+pub mod pg;
 pub mod process;
+pub mod proxy;
 mod wait;
 
 pub use cluster::{Cluster, KEEP_LOGS, READY_TIMEOUT};
 pub use error::{Error, Result};
 pub use functions::{
-    FiveSteps, FunctionSettings, SlowStep, five_steps_key, five_steps_oracle, five_steps_step_output, slow_step_oracle,
+    FiveSteps, FunctionSettings, Sleeper, SlowStep, five_steps_key, five_steps_oracle, five_steps_step_output,
+    sleeper_oracle, slow_step_oracle,
 };
 pub use ledger::{Ledger, LedgerOptions};
 pub use process::{Signal, WorkerConfig, WorkerProcess};

@@ -64,6 +64,10 @@ pub struct WorkerConfig {
     pub log_filter: Option<String>,
     /// More environment variables for the process.
     pub env: Vec<(String, String)>,
+    /// The database URL this worker uses instead of the cluster's (say,
+    /// through a [`crate::proxy::Proxy`] listener of its own). The harness's
+    /// own pool keeps the cluster's URL.
+    pub database_url: Option<String>,
 }
 
 impl Default for WorkerConfig {
@@ -85,6 +89,7 @@ impl Default for WorkerConfig {
             failpoints: None,
             log_filter: None,
             env: Vec::new(),
+            database_url: None,
         }
     }
 }
@@ -99,6 +104,18 @@ impl WorkerConfig {
     #[must_use]
     pub fn failpoints(mut self, spec: impl Into<String>) -> Self {
         self.failpoints = Some(spec.into());
+        self
+    }
+
+    /// Sets [`WorkerConfig::database_url`].
+    ///
+    /// ```
+    /// let c = durastep_testkit::WorkerConfig::default().database_url("postgres://postgres@127.0.0.1:40001/t1");
+    /// assert!(c.database_url.is_some());
+    /// ```
+    #[must_use]
+    pub fn database_url(mut self, url: impl Into<String>) -> Self {
+        self.database_url = Some(url.into());
         self
     }
 
@@ -232,7 +249,7 @@ impl WorkerProcess {
         let mut cmd = Command::new(bin);
         cmd.args(config.args())
             .arg(format!("--label={label}"))
-            .arg(format!("--database-url={url}"))
+            .arg(format!("--database-url={}", config.database_url.as_deref().unwrap_or(url)))
             .arg("--exit-on-stdin-eof")
             .env_remove("DATABASE_URL")
             .stdin(Stdio::piped())
@@ -321,6 +338,29 @@ impl WorkerProcess {
         let log = self.log();
         let all: Vec<&str> = log.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// The lines of its log that contain `needle`, with the timestamp each
+    /// line starts with (the worker's wall clock, as `tracing` prints it);
+    /// lines without a readable timestamp are left out.
+    ///
+    /// ```no_run
+    /// # fn demo(w: &durastep_testkit::WorkerProcess) {
+    /// for (at, line) in w.log_events("lease not extended in time") {
+    ///     println!("{at}: {line}");
+    /// }
+    /// # }
+    /// ```
+    pub fn log_events(&self, needle: &str) -> Vec<(chrono::DateTime<chrono::Utc>, String)> {
+        self.log()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .filter_map(|l| {
+                let stamp = l.split_whitespace().next()?;
+                let at = chrono::DateTime::parse_from_rfc3339(stamp).ok()?.with_timezone(&chrono::Utc);
+                Some((at, l.to_owned()))
+            })
+            .collect()
     }
 
     /// Waits until the worker printed "ready" (engine built, functions

@@ -106,6 +106,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
 
         let mut background = vec![
             tokio::spawn(heartbeat_loop(engine.clone(), held.clone(), stop_background.clone())),
+            tokio::spawn(own_clock_loop(engine.clone(), held.clone(), stop_background.clone())),
             tokio::spawn(reaper_loop(engine.clone(), stop_background.clone())),
         ];
         if opts.listen {
@@ -376,13 +377,13 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// Extends every held lease in one statement per interval. A run the database
-/// no longer gives this worker, or whose lease could not be extended within one
-/// lease by this worker's own clock, has its handler dropped.
+/// no longer gives this worker has its handler dropped. A statement that gets
+/// no answer within one lease is abandoned (its connection is dropped), so a
+/// connection lost in a network partition cannot stall the heartbeats for
+/// good; [`own_clock_loop`] drops the handlers meanwhile.
 async fn heartbeat_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: CancellationToken) {
     let opts = &engine.worker;
     let tick = opts.heartbeat_interval.min(opts.lease / 3).max(Duration::from_millis(10));
-    // Give up on a lease a little before it can expire in the database.
-    let own_clock_limit = opts.lease.mul_f64(0.9);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
@@ -397,8 +398,15 @@ async fn heartbeat_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: Cancella
         if crate::failpoints::eval("heartbeat").await {
             continue;
         }
-        match store::extend_leases(&engine.control_pool, &pairs, opts.lease).await {
-            Ok(still) => {
+        let extended = tokio::time::timeout(opts.lease, store::extend_leases(&engine.control_pool, &pairs, opts.lease));
+        let extended = tokio::select! {
+            r = extended => r,
+            _ = stop.cancelled() => return,
+        };
+        match extended {
+            Err(_) => tracing::warn!(after = ?opts.lease, "heartbeat got no answer; abandoned"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "heartbeat failed"),
+            Ok(Ok(still)) => {
                 let still: std::collections::HashSet<Uuid> = still.into_iter().collect();
                 let mut held = lock(&held);
                 for (id, epoch) in &pairs {
@@ -412,13 +420,39 @@ async fn heartbeat_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: Cancella
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
         }
+    }
+}
+
+/// The own-clock lease check: a held run whose lease was not extended within
+/// 90% of the lease by this worker's monotonic clock has its handler dropped,
+/// a little before the lease can expire in the database. It runs on its own
+/// timer, waking at the earliest such deadline (and at least every 100 ms),
+/// so neither the heartbeat tick nor a heartbeat statement stuck on a dead
+/// connection can delay it.
+async fn own_clock_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: CancellationToken) {
+    let limit = engine.worker.lease.mul_f64(0.9);
+    loop {
+        let now = Instant::now();
+        let mut earliest = now + limit;
         for (id, h) in lock(&held).iter() {
-            if h.last_extended.elapsed() > own_clock_limit && !h.lost.is_cancelled() {
+            if h.lost.is_cancelled() {
+                continue;
+            }
+            let deadline = h.last_extended + limit;
+            if deadline <= now {
                 tracing::warn!(run_id = %id, "lease not extended in time by this worker's clock; dropping handler");
                 h.lost.cancel();
+            } else {
+                earliest = earliest.min(deadline);
             }
+        }
+        // A run claimed meanwhile counts from when its claim was sent, which a
+        // slow claim puts in the past: look again at least every 100 ms.
+        let wake = earliest.min(now + Duration::from_millis(100));
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake.into()) => {}
+            _ = stop.cancelled() => return,
         }
     }
 }
