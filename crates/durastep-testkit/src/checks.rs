@@ -311,3 +311,89 @@ pub async fn wait_state(pool: &PgPool, id: Uuid, state: &str, timeout: Duration)
     })
     .await
 }
+
+/// A step body execution (ledger row) that started after its step's checkpoint
+/// was stored: what G2 forbids.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let late = durastep_testkit::checks::executions_after_checkpoint(&pool).await?;
+/// assert!(late.is_empty(), "stored steps ran again: {late:?}");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct LateExecution {
+    /// The run.
+    pub run_id: Uuid,
+    /// The step.
+    pub step_key: String,
+    /// The ledger row of the late execution.
+    pub ledger_id: i64,
+    /// The process that ran it.
+    pub pid: i32,
+    /// The run's lease epoch when the body started.
+    pub lease_epoch: Option<i64>,
+    /// When the body started.
+    pub started_at: DateTime<Utc>,
+    /// When the checkpoint row was written (its `created_at`).
+    pub stored_at: DateTime<Utc>,
+    /// The epoch that stored the checkpoint.
+    pub stored_epoch: i64,
+}
+
+/// Every step body execution that started after the checkpoint of its
+/// (run, step) was stored.
+///
+/// The definition, precisely: a ledger row `l` and the `step_results` row `s`
+/// of the same (run, step) with `l.started_at > s.created_at`. Both times are
+/// `clock_timestamp()` of the same server (the ledger insert is the body's
+/// first action; `created_at` is taken inside the checkpoint's statement, just
+/// before its commit), so no clock skew enters. An execution that started
+/// before the checkpoint was written, and was cut short or had its result
+/// refused, is not counted: that is the body-to-checkpoint window G1 allows.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// assert_eq!(durastep_testkit::checks::executions_after_checkpoint(&pool).await?.len(), 0);
+/// # Ok(()) }
+/// ```
+pub async fn executions_after_checkpoint(pool: &PgPool) -> Result<Vec<LateExecution>> {
+    Ok(sqlx::query_as(
+        "SELECT l.run_id, l.step_key, l.id AS ledger_id, l.pid, l.lease_epoch, l.started_at,
+                s.created_at AS stored_at, s.lease_epoch AS stored_epoch
+           FROM testkit_ledger l
+           JOIN durastep.step_results s ON s.run_id = l.run_id AND s.step_key = l.step_key
+          WHERE l.started_at > s.created_at
+          ORDER BY l.id",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Step body executions whose result was never stored by their own attempt,
+/// per process: `(pid, executions)`.
+///
+/// An execution is "unstored" when no `step_results` row of its (run, step)
+/// carries the lease epoch the ledger recorded when the body started (the
+/// attempt's epoch, for a worker that still held the run). These are the steps
+/// that were in flight when their process died or lost the run: the only
+/// executions G1 allows to be repeated.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// for (pid, n) in durastep_testkit::checks::unstored_executions_per_pid(&pool).await? {
+///     println!("pid {pid}: {n} executions lost before their checkpoint");
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn unstored_executions_per_pid(pool: &PgPool) -> Result<Vec<(i32, i64)>> {
+    Ok(sqlx::query_as(
+        "SELECT l.pid, count(*) FROM testkit_ledger l
+          WHERE NOT EXISTS (SELECT 1 FROM durastep.step_results s
+                             WHERE s.run_id = l.run_id AND s.step_key = l.step_key
+                               AND s.lease_epoch IS NOT DISTINCT FROM l.lease_epoch)
+          GROUP BY l.pid ORDER BY l.pid",
+    )
+    .fetch_all(pool)
+    .await?)
+}

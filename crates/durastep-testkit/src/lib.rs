@@ -73,6 +73,7 @@ mod error;
 pub mod functions;
 pub mod ledger;
 pub mod process;
+pub mod tier;
 mod wait;
 
 pub use cluster::{Cluster, KEEP_LOGS, READY_TIMEOUT};
