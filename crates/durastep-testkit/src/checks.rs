@@ -397,3 +397,37 @@ pub async fn unstored_executions_per_pid(pool: &PgPool) -> Result<Vec<(i32, i64)
     .fetch_all(pool)
     .await?)
 }
+
+/// The given runs as stored now, by id (runs that do not exist are left out).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, ids: Vec<uuid::Uuid>) -> durastep_testkit::Result<()> {
+/// let before = durastep_testkit::checks::runs(&pool, &ids).await?;
+/// // ... a racing reaper ...
+/// assert_eq!(durastep_testkit::checks::runs(&pool, &ids).await?, before);
+/// # Ok(()) }
+/// ```
+pub async fn runs(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<RunSnapshot>> {
+    Ok(sqlx::query_as(
+        "SELECT id, function_id, state, attempt, lease_epoch, output, last_error, finished_at, worker_id
+           FROM durastep.runs WHERE id = ANY ($1) ORDER BY id",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// How many of the given runs are in `state` now.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, ids: Vec<uuid::Uuid>) -> durastep_testkit::Result<()> {
+/// let running = durastep_testkit::checks::count_in_state(&pool, &ids, "running").await?;
+/// # let _ = running; Ok(()) }
+/// ```
+pub async fn count_in_state(pool: &PgPool, ids: &[Uuid], state: &str) -> Result<i64> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM durastep.runs WHERE id = ANY ($1) AND state = $2")
+        .bind(ids)
+        .bind(state)
+        .fetch_one(pool)
+        .await?)
+}
