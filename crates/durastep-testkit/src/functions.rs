@@ -1,7 +1,9 @@
 //! The standard test functions that every test worker registers, their inputs,
 //! and the oracles their outputs are checked against.
 //!
-//! Every step body records itself in the [`Ledger`] (start and end) and
+//! Every step body records itself in the [`Ledger`] (start and end); the
+//! `slow` step of [`SLOW_STEP`] also calls the external service
+//! ([`Ledger::external_call`]) with `ctx.idempotency_key()` + `":slow"`. Each body
 //! returns a deterministic function of the run's input and the previous step's
 //! (stored) output, so a wrong or corrupted stored result shows in the run output.
 
@@ -215,8 +217,17 @@ fn slow_step(settings: FunctionSettings, ledger: Ledger) -> Function {
             async move {
                 let sleep = input.sleep_ms.map_or(settings.slow_step, Duration::from_millis);
                 let (c, l) = (ctx.clone(), ledger.clone());
+                // The slow step calls an external service with the run's idempotency key.
                 let slow: u64 = ctx
-                    .step("slow", || async move { recorded(&c, &l, "slow", sleep, slow_output(input.n)).await })
+                    .step("slow", || async move {
+                        let row = l.begin(c.run_id(), "slow", c.attempt()).await?;
+                        if !sleep.is_zero() {
+                            tokio::time::sleep(sleep).await;
+                        }
+                        l.external_call(&format!("{}:slow", c.idempotency_key()), c.run_id(), "slow").await?;
+                        l.end(row).await?;
+                        Ok(slow_output(input.n))
+                    })
                     .await?;
                 let (c, l) = (ctx.clone(), ledger.clone());
                 let after: u64 = ctx

@@ -38,7 +38,17 @@ const CREATE: &str = "CREATE TABLE IF NOT EXISTS testkit_ledger (
     started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     ended_at    timestamptz
 );
-CREATE INDEX IF NOT EXISTS testkit_ledger_run_step ON testkit_ledger (run_id, step_key)";
+CREATE INDEX IF NOT EXISTS testkit_ledger_run_step ON testkit_ledger (run_id, step_key);
+-- A model of an external service that honours idempotency keys (a payment API):
+-- one row per key, however often it is called with that key.
+CREATE TABLE IF NOT EXISTS testkit_external (
+    idempotency_key text PRIMARY KEY,
+    run_id          uuid NOT NULL,
+    step_key        text NOT NULL,
+    calls           integer NOT NULL DEFAULT 1,
+    first_pid       integer NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp()
+)";
 
 /// Creates the ledger table if it is missing. Safe to call from many processes
 /// at once (an advisory lock serialises the `CREATE`s).
@@ -168,6 +178,69 @@ impl Ledger {
             .await?;
         Ok(())
     }
+}
+
+impl Ledger {
+    /// Calls the external service: a write keyed by `idempotency_key` that
+    /// happens once per key (later calls with the same key only count). Returns
+    /// true when this call made the write.
+    ///
+    /// ```no_run
+    /// # async fn demo(ledger: durastep_testkit::Ledger, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+    /// let wrote = ledger.external_call(&format!("{run}:slow"), run, "slow").await?;
+    /// # let _ = wrote; Ok(()) }
+    /// ```
+    pub async fn external_call(&self, idempotency_key: &str, run_id: Uuid, step_key: &str) -> Result<bool> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO testkit_external (idempotency_key, run_id, step_key, first_pid) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (idempotency_key) DO UPDATE SET calls = testkit_external.calls + 1
+             RETURNING calls = 1",
+        )
+        .bind(idempotency_key)
+        .bind(run_id)
+        .bind(step_key)
+        .bind(self.pid)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+}
+
+/// What the external service saw ([`Ledger::external_call`]).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let s = durastep_testkit::ledger::external_summary(&pool).await?;
+/// assert_eq!(s.duplicates, 0, "{s:?}");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExternalSummary {
+    /// Calls received, over all keys.
+    pub calls: i64,
+    /// Writes made (distinct keys).
+    pub writes: i64,
+    /// Calls absorbed by an existing key (`calls - writes`).
+    pub deduplicated: i64,
+    /// Writes beyond the first for one (run, step): the key was not stable
+    /// across attempts, so the service wrote twice.
+    pub duplicates: i64,
+}
+
+/// Computes the [`ExternalSummary`] in one query.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// println!("{:?}", durastep_testkit::ledger::external_summary(&pool).await?);
+/// # Ok(()) }
+/// ```
+pub async fn external_summary(pool: &PgPool) -> Result<ExternalSummary> {
+    let (calls, writes, duplicates): (i64, i64, i64) = sqlx::query_as(
+        "SELECT coalesce(sum(calls), 0)::bigint, count(*), count(*) - count(DISTINCT (run_id, step_key))
+           FROM testkit_external",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(ExternalSummary { calls, writes, deduplicated: calls - writes, duplicates })
 }
 
 /// One execution of a step body, as the ledger saw it.
