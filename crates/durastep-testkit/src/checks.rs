@@ -13,7 +13,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-use crate::functions::{self, FiveSteps, SlowStep};
+use crate::functions::{self, FiveSteps, Mixed, SlowStep};
 
 /// A run row as stored (the columns a durability test compares).
 ///
@@ -430,4 +430,60 @@ pub async fn count_in_state(pool: &PgPool, ids: &[Uuid], state: &str) -> Result<
         .bind(state)
         .fetch_one(pool)
         .await?)
+}
+
+/// Like [`five_steps_mismatches`], for the mixed runs: completed, output equal
+/// to [`functions::mixed_oracle`], the four step keys stored.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// assert!(durastep_testkit::checks::mixed_mismatches(&pool).await?.is_empty());
+/// # Ok(()) }
+/// ```
+pub async fn mixed_mismatches(pool: &PgPool) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for (id, state, output, payload, steps) in runs_with_steps(pool, functions::MIXED).await? {
+        let input: Mixed = match serde_json::from_value(payload) {
+            Ok(i) => i,
+            Err(e) => {
+                problems.push(format!("run {id}: input does not parse: {e}"));
+                continue;
+            }
+        };
+        if state != "completed" {
+            problems.push(format!("run {id}: state {state}"));
+        }
+        let want = Value::from(functions::mixed_oracle(input.n));
+        if output.as_ref() != Some(&want) {
+            problems.push(format!("run {id}: output {output:?}, oracle {want}"));
+        }
+        let mut keys: Vec<&String> = steps.as_object().map(|m| m.keys().collect()).unwrap_or_default();
+        keys.sort();
+        let mut want_keys: Vec<&str> = functions::MIXED_KEYS.to_vec();
+        want_keys.sort_unstable();
+        if keys != want_keys {
+            problems.push(format!("run {id}: stored steps {keys:?}"));
+        }
+    }
+    Ok(problems)
+}
+
+/// Whether the run is sleeping and not yet due by the database clock (a test
+/// may then move the clock to wake it; once due, it is not asleep any more).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, id: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// if durastep_testkit::checks::asleep(&pool, id).await? {
+///     // durastep_testkit::Cluster::advance_clock ...
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn asleep(pool: &PgPool, id: Uuid) -> Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT coalesce(bool_or(state = 'sleeping' AND run_at > durastep.now()), false)
+           FROM durastep.runs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await?)
 }

@@ -24,6 +24,14 @@ pub const SLOW_STEP: &str = "slow-step";
 pub const SLOW_STEP_EVENT: &str = "testkit/slow-step";
 /// Step keys of the slow-step function, in order.
 pub const SLOW_STEP_KEYS: [&str; 2] = ["slow", "after"];
+/// Id of the mixed function: a step, a `step_tx`, a durable sleep, a step.
+pub const MIXED: &str = "mixed";
+/// The event that starts a [`MIXED`] run (payload: [`Mixed`]).
+pub const MIXED_EVENT: &str = "testkit/mixed";
+/// Step keys of the mixed function, in order (`nap` is the durable sleep).
+pub const MIXED_KEYS: [&str; 4] = ["one", "record", "nap", "two"];
+/// The mixed function's sleep unless the input says otherwise.
+pub const MIXED_NAP: Duration = Duration::from_millis(20);
 /// Attempts each test function gets: generous, so that fault suites can kill a
 /// run's worker many times without failing the run.
 pub const MAX_ATTEMPTS: u32 = 50;
@@ -91,6 +99,52 @@ impl SlowStep {
     pub fn event(&self) -> Event {
         Event::new(SLOW_STEP_EVENT, self)
     }
+}
+
+/// Input of a [`MIXED`] run: step `one` (sleeps `delay_ms`), step_tx `record`
+/// (writes one row of `testkit_tx_effects` in its transaction), sleep `nap`
+/// (`nap_ms`, default [`MIXED_NAP`]), step `two`. Every failpoint of the engine
+/// is on its path.
+///
+/// ```
+/// let m = durastep_testkit::Mixed { n: 4, delay_ms: None, nap_ms: None };
+/// assert_eq!(durastep_testkit::mixed_oracle(m.n), 42);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mixed {
+    /// Seed of the run's outputs.
+    pub n: u64,
+    /// Sleep in the body of step `one`, in ms (default none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    /// The durable sleep, in ms (default [`MIXED_NAP`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nap_ms: Option<u64>,
+}
+
+impl Mixed {
+    /// The event that starts a run with this input.
+    ///
+    /// ```
+    /// let e = durastep_testkit::Mixed { n: 1, delay_ms: None, nap_ms: None }.event();
+    /// # let _ = e;
+    /// ```
+    pub fn event(&self) -> Event {
+        Event::new(MIXED_EVENT, self)
+    }
+}
+
+/// The output of a mixed run with seed `n`.
+///
+/// ```
+/// assert_eq!(durastep_testkit::mixed_oracle(0), 2);
+/// ```
+pub fn mixed_oracle(n: u64) -> u64 {
+    (mixed_one(n) + 1) * 2
+}
+
+fn mixed_one(n: u64) -> u64 {
+    n % MODULUS * 5
 }
 
 /// Worker-wide defaults of the test functions.
@@ -171,7 +225,7 @@ fn slow_output(n: u64) -> u64 {
 /// # let _ = engine; Ok(()) }
 /// ```
 pub fn all(settings: FunctionSettings, ledger: &Ledger) -> Vec<Function> {
-    vec![five_steps(settings, ledger.clone()), slow_step(settings, ledger.clone())]
+    vec![five_steps(settings, ledger.clone()), slow_step(settings, ledger.clone()), mixed(ledger.clone())]
 }
 
 /// Runs one recorded step body: ledger start, `delay`, ledger end.
@@ -234,6 +288,40 @@ fn slow_step(settings: FunctionSettings, ledger: Ledger) -> Function {
                     .step("after", || async move { recorded(&c, &l, "after", Duration::ZERO, slow + 1).await })
                     .await?;
                 Ok(after)
+            }
+        })
+}
+
+fn mixed(ledger: Ledger) -> Function {
+    Function::new(MIXED)
+        .on_event(MIXED_EVENT)
+        .retries(MAX_ATTEMPTS - 1)
+        .backoff(Backoff::Fixed(Duration::from_millis(10)))
+        .handler(move |ctx: Ctx, input: Mixed| {
+            let ledger = ledger.clone();
+            async move {
+                let delay = Duration::from_millis(input.delay_ms.unwrap_or(0));
+                let (c, l) = (ctx.clone(), ledger.clone());
+                let one: u64 =
+                    ctx.step("one", || async move { recorded(&c, &l, "one", delay, mixed_one(input.n)).await }).await?;
+                let (c, l) = (ctx.clone(), ledger.clone());
+                let record: u64 = ctx
+                    .step_tx("record", move |conn| {
+                        Box::pin(async move {
+                            let row = l.begin(c.run_id(), "record", c.attempt()).await?;
+                            l.tx_effect(conn, c.run_id()).await?;
+                            l.end(row).await?;
+                            Ok(one + 1)
+                        })
+                    })
+                    .await?;
+                let nap = input.nap_ms.map_or(MIXED_NAP, Duration::from_millis);
+                ctx.sleep("nap", nap).await?;
+                let (c, l) = (ctx.clone(), ledger.clone());
+                let two: u64 = ctx
+                    .step("two", || async move { recorded(&c, &l, "two", Duration::ZERO, record * 2).await })
+                    .await?;
+                Ok(two)
             }
         })
 }

@@ -39,6 +39,14 @@ const CREATE: &str = "CREATE TABLE IF NOT EXISTS testkit_ledger (
     ended_at    timestamptz
 );
 CREATE INDEX IF NOT EXISTS testkit_ledger_run_step ON testkit_ledger (run_id, step_key);
+-- Rows written by the `record` step_tx of the mixed function, inside its
+-- transaction: G3 says exactly one per run.
+CREATE TABLE IF NOT EXISTS testkit_tx_effects (
+    id         bigserial PRIMARY KEY,
+    run_id     uuid NOT NULL,
+    pid        integer NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 -- A model of an external service that honours idempotency keys (a payment API):
 -- one row per key, however often it is called with that key.
 CREATE TABLE IF NOT EXISTS testkit_external (
@@ -203,6 +211,39 @@ impl Ledger {
         .fetch_one(&self.pool)
         .await?)
     }
+}
+
+impl Ledger {
+    /// Inside a `step_tx` body: writes the run's transactional effect on the
+    /// step's own connection (it commits or rolls back with the checkpoint).
+    ///
+    /// ```no_run
+    /// # async fn demo(ledger: durastep_testkit::Ledger, conn: &mut sqlx::PgConnection, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+    /// ledger.tx_effect(conn, run).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn tx_effect(&self, conn: &mut sqlx::PgConnection, run_id: Uuid) -> Result<()> {
+        sqlx::query("INSERT INTO testkit_tx_effects (run_id, pid) VALUES ($1, $2)")
+            .bind(run_id)
+            .bind(self.pid)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Transactional effects per run: `(run, rows)` for every run with a row.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let per_run = durastep_testkit::ledger::tx_effects_per_run(&pool).await?;
+/// assert!(per_run.values().all(|&n| n == 1));
+/// # Ok(()) }
+/// ```
+pub async fn tx_effects_per_run(pool: &PgPool) -> Result<HashMap<Uuid, i64>> {
+    let rows: Vec<(Uuid, i64)> =
+        sqlx::query_as("SELECT run_id, count(*) FROM testkit_tx_effects GROUP BY run_id").fetch_all(pool).await?;
+    Ok(rows.into_iter().collect())
 }
 
 /// What the external service saw ([`Ledger::external_call`]).
