@@ -479,11 +479,20 @@ pub async fn mixed_mismatches(pool: &PgPool) -> Result<Vec<String>> {
 /// # Ok(()) }
 /// ```
 pub async fn asleep(pool: &PgPool, id: Uuid) -> Result<bool> {
-    Ok(sqlx::query_scalar(
-        "SELECT coalesce(bool_or(state = 'sleeping' AND run_at > durastep.now()), false)
-           FROM durastep.runs WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_one(pool)
-    .await?)
+    Ok(state_and_asleep(pool, id).await?.1)
+}
+
+/// The run's state, and whether it is [`asleep`], in one query.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, id: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// let (state, asleep) = durastep_testkit::checks::state_and_asleep(&pool, id).await?;
+/// # let _ = (state, asleep); Ok(()) }
+/// ```
+pub async fn state_and_asleep(pool: &PgPool, id: Uuid) -> Result<(String, bool)> {
+    sqlx::query_as("SELECT state, state = 'sleeping' AND run_at > durastep.now() FROM durastep.runs WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await?
+        .ok_or_else(|| Error::Unexpected(format!("no run {id}")))
 }

@@ -192,8 +192,8 @@ fn worker_config(point: &str) -> WorkerConfig {
         lease: LEASE,
         // The heartbeat failpoint needs heartbeat rounds while a run is held.
         heartbeat: if point == HEARTBEAT { Duration::from_millis(10) } else { Duration::from_millis(250) },
-        poll: Duration::from_millis(20),
-        reap: Duration::from_millis(20),
+        poll: Duration::from_millis(10),
+        reap: Duration::from_millis(10),
         max_in_flight: 1,
         claim_batch: 1,
         pool_size: 2,
@@ -240,7 +240,7 @@ async fn trial(c: &mut Cluster, w: usize, point: &'static str, act: Act, n: u64,
     let (mut fired, mut handled) = (false, false);
     let deadline = Instant::now() + WAIT;
     loop {
-        let state = checks::run(c.pool(), run).await.unwrap().state;
+        let (state, asleep) = checks::state_and_asleep(c.pool(), run).await.unwrap();
         let done = state == "completed" || state == "failed";
         if !fired {
             // Every fault of the model fires by the run's completion commit at the
@@ -271,7 +271,7 @@ async fn trial(c: &mut Cluster, w: usize, point: &'static str, act: Act, n: u64,
         }
         // Only while it is not yet due: once woken it may be claimed at once,
         // and a second move of the clock would expire its new lease.
-        if checks::asleep(c.pool(), run).await.unwrap() {
+        if asleep {
             c.advance_clock(NAP + Duration::from_secs(1)).await.unwrap();
         }
         assert!(
@@ -280,7 +280,7 @@ async fn trial(c: &mut Cluster, w: usize, point: &'static str, act: Act, n: u64,
             act.name(),
             c.worker(w).log_tail(30)
         );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     if act != Act::Exit {
         assert!(c.worker(w).is_running().unwrap(), "{point}={n}*{}: the worker died", act.name());
