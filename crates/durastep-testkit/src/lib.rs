@@ -10,14 +10,19 @@
 //!   SIGSTOP/SIGCONT ([`WorkerProcess::pause`], [`WorkerProcess::resume`]) and
 //!   SIGTERM ([`WorkerProcess::terminate`]); [`Cluster::restart`] replaces a
 //!   worker by a fresh process. Failpoints go in [`WorkerConfig::failpoints`]
-//!   (the `DURASTEP_FAILPOINTS` syntax of `durastep::failpoints`).
-//! - **Test functions** ([`functions`]): `five-steps` and `slow-step`, whose
+//!   (the `DURASTEP_FAILPOINTS` syntax of `durastep::failpoints`), or are set
+//!   in a live process with [`WorkerProcess::set_failpoint`] (over its stdin);
+//!   [`WorkerProcess::failpoint_fired`] counts the firings.
+//! - **Test functions** ([`functions`]): `five-steps`, `slow-step` and
+//!   `mixed` (a step, a `step_tx`, a durable sleep, a step), whose
 //!   outputs are deterministic functions of their input (the oracles), and
 //!   whose step bodies record each execution in the **ledger**.
 //! - **Ledger** ([`ledger`]): one row per execution of a step body, written on
 //!   its own connection, outside the checkpoint: what the outside world saw.
 //! - **Checks** ([`checks`]) over `durastep.runs` / `durastep.step_results`,
 //!   and **waiting** on conditions with deadlines ([`wait_for`]).
+//! - **Tiers and seeds** ([`tier`]): `DURASTEP_SOAK=1` scales a suite up;
+//!   randomized tests print their seed and replay `DURASTEP_SEED`.
 //!
 //! ```no_run
 //! use durastep_testkit::{Cluster, FiveSteps, WorkerConfig, checks, ledger};
