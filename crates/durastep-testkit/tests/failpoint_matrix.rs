@@ -47,7 +47,10 @@ use uuid::Uuid;
 
 const BIN: &str = env!("CARGO_BIN_EXE_durastep-test-worker");
 const WAIT: Duration = Duration::from_secs(30);
-const LEASE: Duration = Duration::from_secs(2);
+/// Long, so that a CPU-starved heartbeat never costs a lease (which the model
+/// would count as an unexplained extra execution); the runs the model strands
+/// are recovered by moving the clock past it, not by waiting.
+const LEASE: Duration = Duration::from_secs(10);
 const REAPER: &str = "reaper-between-select-and-update";
 const HEARTBEAT: &str = "heartbeat";
 /// The mixed run's durable sleep: always long enough to suspend; the harness
@@ -483,4 +486,34 @@ async fn every_failpoint_times_exit_panic_error_matches_the_model(_p: PgPoolOpti
         POINTS.len()
     );
     assert!(failures.is_empty(), "{} cells off the model (seed {seed}):\n{}", failures.len(), failures.join("\n"));
+}
+
+/// The supervisor restarts a heartbeat loop that panicked: a run whose step
+/// lasts three leases still completes on its first attempt, its step body run
+/// once, after the heartbeat panicked at its first round.
+#[sqlx::test(migrations = false)]
+async fn heartbeats_go_on_after_a_panic(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let mut c = Cluster::start(BIN, url_of(&opts)).await.unwrap();
+    let lease = Duration::from_secs(1);
+    let config = WorkerConfig {
+        lease,
+        heartbeat: Duration::from_millis(100),
+        env: vec![("RUST_BACKTRACE".into(), "0".into())],
+        ..WorkerConfig::default()
+    }
+    .failpoints("heartbeat=1*panic");
+    let w = c.spawn(config).await.unwrap();
+    let run = c
+        .send_slow_step(durastep_testkit::SlowStep { n: 3, sleep_ms: Some(3 * lease.as_millis() as u64) })
+        .await
+        .unwrap();
+    let done = checks::wait_state(c.pool(), run, "completed", WAIT).await.unwrap();
+    assert_eq!(c.worker(w).failpoint_fired(HEARTBEAT), 1, "the heartbeat panicked once");
+    assert!(c.worker(w).log().contains("worker task panicked"), "{}", c.worker(w).log_tail(20));
+    assert_eq!(done.attempt, 1, "no lease was lost: {done:?}");
+    let slow = ledger::executions_of_step(c.pool(), run, "slow").await.unwrap();
+    assert_eq!(slow.len(), 1, "{slow:?}");
+    assert!(checks::slow_step_mismatches(c.pool()).await.unwrap().is_empty());
+    let status = c.worker(w).terminate(WAIT).await.unwrap();
+    assert!(status.success(), "{status}");
 }
