@@ -9,6 +9,23 @@
 //! [`release`] is called: a test can then do something else (complete a run)
 //! exactly between two statements of the engine, without guessing a pause.
 //!
+//! The failpoints, in the order a run meets them, and what `error` does at each:
+//!
+//! | name | where | `error` |
+//! |---|---|---|
+//! | `claim-before-commit` | claim loop, before the claim statement | the round fails (backoff, retry) |
+//! | `claim-after-commit` | after a claim that got runs | the claimed runs are dropped, as if the answer were lost: their leases expire |
+//! | `step-before-body` | `Ctx::step`, before the body | the step, so the attempt, fails |
+//! | `step-after-body` | after the body, before its checkpoint is queued (also a sleep's wake-time checkpoint) | the attempt fails; the body runs again |
+//! | `checkpoint-before-commit` | checkpoint writer, before the group commit | the flush fails: its steps' attempts fail, its completions are not stored |
+//! | `checkpoint-after-commit` | after the group commit | the worker sees an error although the commit landed (ambiguous commit): the flush is retried and adopts its own rows |
+//! | `step-after-checkpoint` | after a step's checkpoint is stored | the attempt fails; the step replays |
+//! | `step-tx-before-commit` | `Ctx::step_tx`, before the transaction commits | rolled back; the attempt fails |
+//! | `sleep-after-arming` | `Ctx::sleep`, wake time stored, before suspending | the attempt fails |
+//! | `complete-before-commit` | before the completion is queued | the completion is not written: the lease expires |
+//! | `heartbeat` | heartbeat round, before extending the leases | the round, and its own-clock check, are skipped |
+//! | `reaper-between-select-and-update` | reaper pass, between its two statements | the pass fails |
+//!
 //! ```
 //! # #[cfg(feature = "failpoints")] {
 //! durastep::failpoints::set("step-after-body", "2*exit");
