@@ -41,7 +41,25 @@ const CREATE: &str = "CREATE TABLE IF NOT EXISTS testkit_ledger (
     -- started_at is when the INSERT ran, which a slow network can delay).
     worker_clock timestamptz
 );
-CREATE INDEX IF NOT EXISTS testkit_ledger_run_step ON testkit_ledger (run_id, step_key)";
+CREATE INDEX IF NOT EXISTS testkit_ledger_run_step ON testkit_ledger (run_id, step_key);
+-- Rows written by the `record` step_tx of the mixed function, inside its
+-- transaction: G3 says exactly one per run.
+CREATE TABLE IF NOT EXISTS testkit_tx_effects (
+    id         bigserial PRIMARY KEY,
+    run_id     uuid NOT NULL,
+    pid        integer NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+-- A model of an external service that honours idempotency keys (a payment API):
+-- one row per key, however often it is called with that key.
+CREATE TABLE IF NOT EXISTS testkit_external (
+    idempotency_key text PRIMARY KEY,
+    run_id          uuid NOT NULL,
+    step_key        text NOT NULL,
+    calls           integer NOT NULL DEFAULT 1,
+    first_pid       integer NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp()
+)";
 
 /// Creates the ledger table if it is missing. Safe to call from many processes
 /// at once (an advisory lock serialises the `CREATE`s).
@@ -172,6 +190,102 @@ impl Ledger {
             .await?;
         Ok(())
     }
+}
+
+impl Ledger {
+    /// Calls the external service: a write keyed by `idempotency_key` that
+    /// happens once per key (later calls with the same key only count). Returns
+    /// true when this call made the write.
+    ///
+    /// ```no_run
+    /// # async fn demo(ledger: durastep_testkit::Ledger, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+    /// let wrote = ledger.external_call(&format!("{run}:slow"), run, "slow").await?;
+    /// # let _ = wrote; Ok(()) }
+    /// ```
+    pub async fn external_call(&self, idempotency_key: &str, run_id: Uuid, step_key: &str) -> Result<bool> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO testkit_external (idempotency_key, run_id, step_key, first_pid) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (idempotency_key) DO UPDATE SET calls = testkit_external.calls + 1
+             RETURNING calls = 1",
+        )
+        .bind(idempotency_key)
+        .bind(run_id)
+        .bind(step_key)
+        .bind(self.pid)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+}
+
+impl Ledger {
+    /// Inside a `step_tx` body: writes the run's transactional effect on the
+    /// step's own connection (it commits or rolls back with the checkpoint).
+    ///
+    /// ```no_run
+    /// # async fn demo(ledger: durastep_testkit::Ledger, conn: &mut sqlx::PgConnection, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+    /// ledger.tx_effect(conn, run).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn tx_effect(&self, conn: &mut sqlx::PgConnection, run_id: Uuid) -> Result<()> {
+        sqlx::query("INSERT INTO testkit_tx_effects (run_id, pid) VALUES ($1, $2)")
+            .bind(run_id)
+            .bind(self.pid)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Transactional effects per run: `(run, rows)` for every run with a row.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let per_run = durastep_testkit::ledger::tx_effects_per_run(&pool).await?;
+/// assert!(per_run.values().all(|&n| n == 1));
+/// # Ok(()) }
+/// ```
+pub async fn tx_effects_per_run(pool: &PgPool) -> Result<HashMap<Uuid, i64>> {
+    let rows: Vec<(Uuid, i64)> =
+        sqlx::query_as("SELECT run_id, count(*) FROM testkit_tx_effects GROUP BY run_id").fetch_all(pool).await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// What the external service saw ([`Ledger::external_call`]).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let s = durastep_testkit::ledger::external_summary(&pool).await?;
+/// assert_eq!(s.duplicates, 0, "{s:?}");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExternalSummary {
+    /// Calls received, over all keys.
+    pub calls: i64,
+    /// Writes made (distinct keys).
+    pub writes: i64,
+    /// Calls absorbed by an existing key (`calls - writes`).
+    pub deduplicated: i64,
+    /// Writes beyond the first for one (run, step): the key was not stable
+    /// across attempts, so the service wrote twice.
+    pub duplicates: i64,
+}
+
+/// Computes the [`ExternalSummary`] in one query.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// println!("{:?}", durastep_testkit::ledger::external_summary(&pool).await?);
+/// # Ok(()) }
+/// ```
+pub async fn external_summary(pool: &PgPool) -> Result<ExternalSummary> {
+    let (calls, writes, duplicates): (i64, i64, i64) = sqlx::query_as(
+        "SELECT coalesce(sum(calls), 0)::bigint, count(*), count(*) - count(DISTINCT (run_id, step_key))
+           FROM testkit_external",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(ExternalSummary { calls, writes, deduplicated: calls - writes, duplicates })
 }
 
 /// One execution of a step body, as the ledger saw it.

@@ -216,7 +216,9 @@ pub struct WorkerProcess {
     child: Child,
     /// Held open for the process's life: the worker exits when it closes, so a
     /// test binary that dies (or times out) leaves no worker behind.
-    _stdin: Option<ChildStdin>,
+    stdin: Option<ChildStdin>,
+    /// Sequence number of the last stdin command.
+    commands: u64,
     exit: Option<ExitStatus>,
     stdout_path: PathBuf,
     stderr_path: PathBuf,
@@ -277,7 +279,8 @@ impl WorkerProcess {
             config,
             pid,
             child,
-            _stdin: stdin,
+            stdin,
+            commands: 0,
             exit: None,
             stdout_path,
             stderr_path,
@@ -424,6 +427,58 @@ impl WorkerProcess {
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    /// Sets a failpoint in the running process (`name`, and an action in the
+    /// `DURASTEP_FAILPOINTS` syntax: `exit`, `2*panic`, `error`, `block`, `off`
+    /// ...), and waits until the process confirms it is in force. Hit counts
+    /// start again from zero.
+    ///
+    /// ```no_run
+    /// # async fn demo(mut w: durastep_testkit::WorkerProcess) -> durastep_testkit::Result<()> {
+    /// w.set_failpoint("step-after-body", "1*exit").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn set_failpoint(&mut self, name: &str, action: &str) -> Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.commands += 1;
+        let seq = self.commands;
+        let line = format!("failpoint {seq} {name}={action}\n");
+        let context = format!("writing to the stdin of {}", self.label);
+        let stdin =
+            self.stdin.as_mut().ok_or_else(|| Error::NotRunning { label: self.label.clone(), pid: self.pid })?;
+        stdin.write_all(line.as_bytes()).await.map_err(io(context.clone()))?;
+        stdin.flush().await.map_err(io(context))?;
+        let answer = format!("failpoint-set {seq}");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = std::fs::read_to_string(&self.stdout_path).unwrap_or_default();
+            if out.lines().any(|l| l.trim() == answer) {
+                return Ok(());
+            }
+            if let Some(status) = self.try_exit()? {
+                return Err(self.exited(status, &format!("setting failpoint {name}={action}")));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: format!("{} to confirm failpoint {name}={action}", self.label),
+                    after: Duration::from_secs(10),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// How many times failpoint `name` fired in this process so far (the
+    /// "failpoint fired" lines of its log; the line is written before an
+    /// `exit` action ends the process).
+    ///
+    /// ```no_run
+    /// # fn demo(w: &durastep_testkit::WorkerProcess) { assert_eq!(w.failpoint_fired("heartbeat"), 0); }
+    /// ```
+    pub fn failpoint_fired(&self, name: &str) -> usize {
+        let needle = format!("failpoint fired failpoint=\"{name}\"");
+        self.log().lines().filter(|l| l.contains(&needle)).count()
     }
 
     /// Its exit status, if it has exited (reaps it).

@@ -105,9 +105,18 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         );
 
         let mut background = vec![
-            tokio::spawn(heartbeat_loop(engine.clone(), held.clone(), stop_background.clone())),
-            tokio::spawn(own_clock_loop(engine.clone(), held.clone(), stop_background.clone())),
-            tokio::spawn(reaper_loop(engine.clone(), stop_background.clone())),
+            spawn_supervised("heartbeat", {
+                let (engine, held, stop) = (engine.clone(), held.clone(), stop_background.clone());
+                move || heartbeat_loop(engine.clone(), held.clone(), stop.clone())
+            }),
+            spawn_supervised("own-clock", {
+                let (engine, held, stop) = (engine.clone(), held.clone(), stop_background.clone());
+                move || own_clock_loop(engine.clone(), held.clone(), stop.clone())
+            }),
+            spawn_supervised("reaper", {
+                let (engine, stop) = (engine.clone(), stop_background.clone());
+                move || reaper_loop(engine.clone(), stop.clone())
+            }),
         ];
         if opts.listen {
             background.push(tokio::spawn(listen_loop(engine.clone(), wake.clone(), stop_background.clone())));
@@ -120,7 +129,16 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             if shutdown.is_cancelled() {
                 break;
             }
-            while executors.try_join_next().is_some() {}
+            while let Some(joined) = executors.try_join_next() {
+                if let Err(e) = joined
+                    && e.is_panic()
+                {
+                    tracing::error!(
+                        "executor panicked: {}; its run's lease will expire",
+                        panic_message(e.into_panic())
+                    );
+                }
+            }
             let free = slots.available_permits();
             if free == 0 {
                 tokio::select! {
@@ -129,10 +147,9 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 }
             }
             let want = free.min(opts.claim_batch.max(1));
-            crate::failpoint!("claim-before-commit");
             // The lease starts when the database runs the claim: count from before we send it.
             let claim_sent = Instant::now();
-            let claimed = store::claim_runnable(&engine.pool, &functions, want as i64, opts.lease, worker_id).await;
+            let claimed = claim_round(&engine, &functions, want, worker_id).await;
             let claimed = match claimed {
                 Ok(runs) => {
                     failures = 0;
@@ -148,7 +165,6 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     }
                 }
             };
-            crate::failpoint!("claim-after-commit");
             let got = claimed.len();
             for run in claimed {
                 let Ok(permit) = slots.clone().try_acquire_owned() else {
@@ -162,16 +178,10 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 let (engine, held, writer, slot_freed) =
                     (engine.clone(), held.clone(), writer.clone(), slot_freed.clone());
                 executors.spawn(async move {
-                    let (run_id, epoch) = (run.id, run.lease_epoch);
+                    // Dropped when the attempt ends, also if `execute` panics: the
+                    // run is no longer held (its lease then expires) and the slot is free.
+                    let _done = Done { held, run_id: run.id, epoch: run.lease_epoch, slot_freed, permit: Some(permit) };
                     execute(&engine, run, writer, lost).await;
-                    let mut held = lock(&held);
-                    // A newer attempt of the same run may already be held here.
-                    if held.get(&run_id).is_some_and(|h| h.epoch == epoch) {
-                        held.remove(&run_id);
-                    }
-                    drop(held);
-                    drop(permit);
-                    slot_freed.notify_one();
                 });
             }
             if got > 0 {
@@ -224,6 +234,85 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
     }
     .instrument(span)
     .await
+}
+
+/// One claim round, in a task of its own so that a panic in it (a bug, or the
+/// `panic` failpoint action) fails this round only: the claim loop logs it and
+/// retries, as after a failed claim statement.
+async fn claim_round(
+    engine: &Arc<EngineInner>,
+    functions: &[String],
+    want: usize,
+    worker_id: Uuid,
+) -> Result<Vec<ClaimedRun>, String> {
+    let (engine, functions) = (engine.clone(), functions.to_vec());
+    let round = tokio::spawn(async move {
+        crate::failpoint!("claim-before-commit", Err("failpoint claim-before-commit".to_owned()));
+        let lease = engine.worker.lease;
+        let runs = store::claim_runnable(&engine.pool, &functions, want as i64, lease, worker_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !runs.is_empty() {
+            // The claim committed but its answer is lost: the runs stay claimed
+            // until their leases expire and a reaper takes them back.
+            crate::failpoint!("claim-after-commit", Err("failpoint claim-after-commit".to_owned()));
+        }
+        Ok(runs)
+    });
+    match round.await {
+        Ok(result) => result,
+        Err(e) if e.is_panic() => Err(format!("claim round panicked: {}", panic_message(e.into_panic()))),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Runs a background task of the worker, and runs it again if it panics (a
+/// bug, or the `panic` failpoint action), so that a panic cannot silently stop
+/// the heartbeats, the reaper or a checkpoint writer for good. Returns when the
+/// task returns.
+pub(crate) fn spawn_supervised<F, Fut>(name: &'static str, make: F) -> tokio::task::JoinHandle<()>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            match tokio::spawn(make()).await {
+                Err(e) if e.is_panic() => {
+                    tracing::error!(
+                        task = name,
+                        "worker task panicked: {}; restarting it",
+                        panic_message(e.into_panic())
+                    );
+                }
+                _ => return,
+            }
+        }
+    })
+}
+
+/// The end of one executor: releases its run's slot and its place in the held
+/// runs, whether the attempt ended normally or its executor panicked.
+struct Done {
+    held: HeldRuns,
+    run_id: Uuid,
+    epoch: i64,
+    slot_freed: Arc<Notify>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        let mut held = lock(&self.held);
+        // A newer attempt of the same run may already be held here.
+        if held.get(&self.run_id).is_some_and(|h| h.epoch == self.epoch) {
+            held.remove(&self.run_id);
+        }
+        drop(held);
+        // Free the slot before telling the claim loop, which then counts free slots.
+        drop(self.permit.take());
+        self.slot_freed.notify_one();
+    }
 }
 
 /// How an attempt ended, before its end is written.
@@ -321,7 +410,10 @@ async fn complete(engine: &EngineInner, run: &RunRef, writer: &Writer, output: s
             return fail(engine, run, 1, &crate::Backoff::default(), e).await;
         }
     };
-    crate::failpoint!("complete-before-commit");
+    crate::failpoint!(
+        "complete-before-commit",
+        tracing::warn!("failpoint complete-before-commit: completion not stored; the lease will expire")
+    );
     match writer.write(PendingWrite::Complete { run_id: run.id, epoch: run.lease_epoch, output: text }).await {
         Ok(WriteOutcome::Stored) => tracing::debug!("run completed"),
         Ok(_) => tracing::warn!("completion fenced: lease lost"),
@@ -476,7 +568,10 @@ pub(crate) async fn reap_once(pool: &sqlx::PgPool) -> Result<usize, Error> {
     if seen.is_empty() {
         return Ok(0);
     }
-    crate::failpoint!("reaper-between-select-and-update");
+    crate::failpoint!(
+        "reaper-between-select-and-update",
+        Err(from_sqlx(sqlx::Error::Protocol("failpoint reaper-between-select-and-update".into())))
+    );
     let reaped = store::reap_expired(pool, &seen).await.map_err(from_sqlx)?;
     for (id, state) in &reaped {
         tracing::warn!(run_id = %id, new_state = %state, "reaped run with expired lease");
