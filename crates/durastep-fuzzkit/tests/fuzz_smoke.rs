@@ -149,7 +149,7 @@ fn json_text_gets_the_oracles_verdict() {
         case(seed, i, || {
             let mut src = source(seed, i);
             let limits = hostile::limits(&mut src);
-            let text = hostile::json_text(&mut src, i % 400 == 0);
+            let text = hostile::json_text(&mut src, i % 1000 == 0);
             let verdict = check::json_text(&text, &limits);
             tally.add(&verdict);
             if let Ok(v) = verdict {
@@ -171,7 +171,7 @@ fn events_get_the_oracles_verdict() {
         case(seed, i, || {
             let mut src = source(seed, i);
             let limits = hostile::limits(&mut src);
-            let event = hostile::event(&mut src, i % 300 == 0, &["fuzz/echo"], EVENT_DEPTH);
+            let event = hostile::event(&mut src, i % 1000 == 0, &["fuzz/echo"], EVENT_DEPTH);
             tally.add(&check::event(&event, &limits));
             event.drop_flat();
         });
@@ -369,7 +369,7 @@ fn expected_payload(case: &EventCase, limits: &Limits) -> Value {
 async fn send_hostile_events(opts: PgConnectOptions, limits: Limits, n: u64, test: &str) {
     let seed = seed(test);
     let started = Instant::now();
-    let pool = PgPoolOptions::new().max_connections(6).connect_with(opts).await.expect("connect");
+    let pool = PgPoolOptions::new().max_connections(6).connect_with(opts.clone()).await.expect("connect");
     let engine = Engine::builder()
         .pool(pool)
         .limits(limits)
@@ -380,6 +380,11 @@ async fn send_hostile_events(opts: PgConnectOptions, limits: Limits, n: u64, tes
         .await
         .expect("engine");
     let pool = engine.pool().clone();
+    // A second engine whose pool is closed: any statement it ran would fail
+    // with PoolClosed, so a typed refusal from it shows no SQL was needed.
+    let closed_pool = PgPoolOptions::new().max_connections(1).connect_with(opts.clone()).await.expect("connect");
+    let closed = Engine::builder().pool(closed_pool).migrate(false).limits(limits).build().await.expect("engine");
+    closed.pool().close().await;
 
     let mut tally = Tally::default();
     // Accepted payloads that read back with a number in another representation.
@@ -393,7 +398,8 @@ async fn send_hostile_events(opts: PgConnectOptions, limits: Limits, n: u64, tes
     for i in 0..n + n_corners {
         let case = match corners.next() {
             Some(case) => case,
-            None => e2e_event(&mut source(seed, i), i % 25 == 0),
+            // Ten-megabyte cases: one in 25, at most 20 (also in the soak tier).
+            None => e2e_event(&mut source(seed, i), i % 25 == 0 && i < 500),
         };
         let ctx = format!("case {i} of seed {seed} (DURASTEP_SEED={seed}), event {:?}", short(&case.name));
         let verdict = check::event(&case, &limits);
@@ -405,6 +411,8 @@ async fn send_hostile_events(opts: PgConnectOptions, limits: Limits, n: u64, tes
             (Err(Error::Limit(e)), Err(expected)) => {
                 assert_eq!(&e, expected, "{ctx}");
                 assert_eq!(after, before, "{ctx}: a refused event wrote rows");
+                let without_sql = closed.send(case.to_event()).await;
+                assert!(matches!(&without_sql, Err(Error::Limit(l)) if l == expected), "{ctx}: {without_sql:?}");
             }
             (Ok(receipt), Ok(())) => {
                 let dup_of = case.key.clone().and_then(|k| keys.get(&(case.name.clone(), k)));
