@@ -625,4 +625,37 @@ async fn names_over_the_supported_ceiling_are_refused_before_sql(_p: PgPoolOptio
     assert_eq!((long.state, long.attempt), (RunState::Failed, 1), "{long:?}");
     assert!(long.last_error.as_deref().unwrap_or("").contains("invalid step name"), "{long:?}");
     assert_eq!((capped.state, capped.output), (RunState::Completed, Some(json!(7))), "{:?}", capped.last_error);
+
+    // A function id and a trigger at the cap are stored at build (the id also
+    // as `<id>/on-failure`); one byte more is refused before connecting.
+    let alnum = |rng: &mut Rng, len: usize| -> String {
+        const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        (0..len).map(|_| char::from(CHARS[rng.below(CHARS.len() as u64) as usize])).collect()
+    };
+    let function = |id: String, trigger: String| {
+        Function::new(id)
+            .on_event(trigger)
+            .on_failure(|_ctx: Ctx, _failed: durastep::FailedRun<()>| async { Ok(()) })
+            .handler(|_ctx: Ctx, _x: ()| async { Ok(()) })
+    };
+    let (id, trigger) = (alnum(&mut rng, cap), noise(&mut rng, cap));
+    let built = Engine::builder()
+        .pool(engine.pool().clone())
+        .limits(limits)
+        .function(function(id.clone(), trigger))
+        .build()
+        .await;
+    built.expect("a function id and trigger at the cap");
+    let stored: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM durastep.functions WHERE id IN ($1, $1 || '/on-failure')")
+            .bind(&id)
+            .fetch_one(engine.pool())
+            .await
+            .expect("count functions");
+    assert_eq!(stored, 2);
+    for (id, trigger) in [(alnum(&mut rng, cap + 1), "t".to_owned()), ("f".to_owned(), noise(&mut rng, cap + 1))] {
+        let err =
+            Engine::builder().limits(limits).function(function(id, trigger)).build().await.expect_err("over the cap");
+        assert!(matches!(err, Error::Limit(LimitError::InvalidName { .. })), "{err:?}");
+    }
 }
