@@ -141,7 +141,6 @@ impl Sleeper {
 /// ```
 pub fn sleeper_oracle(n: u64) -> u64 {
     n % MODULUS + 2
-
 }
 
 /// Input of a [`MIXED`] run: step `one` (sleeps `delay_ms`), step_tx `record`
@@ -360,7 +359,6 @@ fn sleeper(ledger: Ledger) -> Function {
                     .step("after", || async move { recorded(&c, &l, "after", Duration::ZERO, before + 1).await })
                     .await?;
                 Ok(after)
-
             }
         })
 }
