@@ -145,9 +145,31 @@ pub struct Function {
     pub(crate) backoff: Backoff,
     pub(crate) handler: ErasedHandler,
     pub(crate) on_failure: Option<ErasedHandler>,
+    pub(crate) cancel_on: Vec<CancelOn>,
+    /// Why the definition is invalid (reported by `build`).
+    pub(crate) invalid: Vec<String>,
+}
+
+/// One `cancel_on` rule: an event of this name cancels the runs whose own event
+/// data has, at `run_path`, the value the new event has at `event_path`.
+#[derive(Debug, Clone)]
+pub(crate) struct CancelOn {
+    pub event: String,
+    pub event_path: Vec<String>,
+    pub run_path: Vec<String>,
 }
 
 impl Function {
+    /// The cancel_on rules as stored in `durastep.functions.cancel_on`.
+    pub(crate) fn cancel_on_json(&self) -> String {
+        let rules: Vec<Value> = self
+            .cancel_on
+            .iter()
+            .map(|c| serde_json::json!({"event": c.event, "event_path": c.event_path, "run_path": c.run_path}))
+            .collect();
+        Value::Array(rules).to_string()
+    }
+
     /// Starts the definition of a function with this id (ASCII letters, digits, `-_.:`).
     ///
     /// ```
@@ -162,6 +184,8 @@ impl Function {
             max_attempts: 4,
             backoff: Backoff::default(),
             on_failure: None,
+            cancel_on: Vec::new(),
+            invalid: Vec::new(),
         }
     }
 
@@ -184,6 +208,7 @@ impl fmt::Debug for Function {
             .field("max_attempts", &self.max_attempts)
             .field("backoff", &self.backoff)
             .field("on_failure", &self.on_failure.is_some())
+            .field("cancel_on", &self.cancel_on)
             .finish()
     }
 }
@@ -196,9 +221,57 @@ pub struct FunctionBuilder {
     max_attempts: u32,
     backoff: Backoff,
     on_failure: Option<ErasedHandler>,
+    cancel_on: Vec<CancelOn>,
+    invalid: Vec<String>,
+}
+
+/// Splits a JSON pointer (RFC 6901: `""` is the whole document, `"/a/b"` is
+/// key `b` inside key `a`, `~1` is `/` and `~0` is `~`) into the path Postgres'
+/// `#>` operator takes. Array elements are addressed by their index, as in `/items/0`.
+///
+/// ```
+/// # // private; exercised through cancel_on and EventMatch
+/// ```
+pub(crate) fn pointer_path(pointer: &str) -> Result<Vec<String>, String> {
+    if pointer.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(rest) = pointer.strip_prefix('/') else {
+        return Err(format!("JSON pointer {pointer:?} must be empty or start with '/'"));
+    };
+    Ok(rest.split('/').map(|t| t.replace("~1", "/").replace("~0", "~")).collect())
 }
 
 impl FunctionBuilder {
+    /// Cancels this function's unfinished runs when an event named `event`
+    /// arrives whose data, at the JSON pointer `matching.0`, equals the value the
+    /// run's own event data has at the JSON pointer `matching.1`. The cancel
+    /// happens in the statement (and transaction) that stores the event: queued,
+    /// sleeping and waiting runs never execute again; a running run stops at its
+    /// next step boundary, as with [`crate::Engine::cancel`]. Runs whose data has
+    /// no value at the pointer are never cancelled by it. Call it more than once
+    /// for several rules. An invalid pointer (not empty, not starting with `/`)
+    /// is refused at build.
+    ///
+    /// ```
+    /// // A budget push is cancelled when its campaign is paused.
+    /// let f = durastep::Function::new("meta-budget-update")
+    ///     .on_event("campaign/budget.requested")
+    ///     .cancel_on("campaign/paused", ("/campaign_id", "/campaign_id"))
+    ///     .handler(|_ctx, _req: serde_json::Value| async move { Ok(()) });
+    /// # let _ = f;
+    /// ```
+    pub fn cancel_on(mut self, event: impl Into<String>, matching: (&str, &str)) -> Self {
+        match (pointer_path(matching.0), pointer_path(matching.1)) {
+            (Ok(event_path), Ok(run_path)) => {
+                self.cancel_on.push(CancelOn { event: event.into(), event_path, run_path });
+            }
+            // build() refuses the definition with the reason.
+            (Err(e), _) | (_, Err(e)) => self.invalid.push(format!("cancel_on: {e}")),
+        }
+        self
+    }
+
     /// Triggers a run of this function for every event with this name. Call it more
     /// than once for several triggers.
     ///
@@ -273,6 +346,8 @@ impl FunctionBuilder {
             max_attempts: self.max_attempts,
             backoff: self.backoff,
             on_failure: self.on_failure,
+            cancel_on: self.cancel_on,
+            invalid: self.invalid,
         }
     }
 }

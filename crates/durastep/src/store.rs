@@ -36,6 +36,8 @@ pub(crate) struct FunctionRow {
     pub triggers: Vec<String>,
     pub max_attempts: i32,
     pub has_on_failure: bool,
+    /// `[{"event", "event_path", "run_path"}]`, as JSON text.
+    pub cancel_on: String,
 }
 
 /// Upserts function definitions (sorted by id, so concurrent starts cannot deadlock).
@@ -47,18 +49,22 @@ pub(crate) async fn register_functions(pool: &PgPool, rows: &mut [FunctionRow]) 
         rows.iter().map(|r| serde_json::to_string(&r.triggers).unwrap_or_else(|_| "[]".into())).collect();
     let attempts: Vec<i32> = rows.iter().map(|r| r.max_attempts).collect();
     let on_failure: Vec<bool> = rows.iter().map(|r| r.has_on_failure).collect();
+    let cancel_on: Vec<&str> = rows.iter().map(|r| r.cancel_on.as_str()).collect();
     sqlx::query(
-        "INSERT INTO durastep.functions (id, triggers, max_attempts, has_on_failure, updated_at)
-         SELECT t.id, ARRAY(SELECT jsonb_array_elements_text(t.triggers::jsonb)), t.attempts, t.on_failure, now()
-           FROM unnest($1::text[], $2::text[], $3::int[], $4::bool[]) AS t(id, triggers, attempts, on_failure)
+        "INSERT INTO durastep.functions (id, triggers, max_attempts, has_on_failure, cancel_on, updated_at)
+         SELECT t.id, ARRAY(SELECT jsonb_array_elements_text(t.triggers::jsonb)), t.attempts, t.on_failure,
+                t.cancel_on::jsonb, now()
+           FROM unnest($1::text[], $2::text[], $3::int[], $4::bool[], $5::text[])
+                AS t(id, triggers, attempts, on_failure, cancel_on)
          ON CONFLICT (id) DO UPDATE
             SET triggers = EXCLUDED.triggers, max_attempts = EXCLUDED.max_attempts,
-                has_on_failure = EXCLUDED.has_on_failure, updated_at = now()",
+                has_on_failure = EXCLUDED.has_on_failure, cancel_on = EXCLUDED.cancel_on, updated_at = now()",
     )
     .bind(&ids)
     .bind(&triggers)
     .bind(&attempts)
     .bind(&on_failure)
+    .bind(&cancel_on)
     .execute(pool)
     .await?;
     Ok(())
@@ -81,10 +87,43 @@ pub(crate) struct InsertedEvent {
     pub duplicate: bool,
 }
 
+/// Locks the rendezvous rows of these event names (`durastep.topics`) FOR
+/// SHARE, creating the missing ones, so that no wait for one of them can be
+/// recorded until this transaction ends. Must run in the sender's transaction,
+/// as its own statement, before [`insert_events`]: that statement's snapshot is
+/// then taken after the lock, so it sees every wait recorded before.
+pub(crate) async fn lock_topics(conn: &mut PgConnection, names: &[&str]) -> Result<(), sqlx::Error> {
+    let mut names: Vec<&str> = names.to_vec();
+    names.sort_unstable();
+    names.dedup();
+    sqlx::query("INSERT INTO durastep.topics (name) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING")
+        .bind(&names)
+        .execute(&mut *conn)
+        .await?;
+    // A row another sender created concurrently is invisible to the statement
+    // that waited for it; a fresh statement sees it. Twice is always enough.
+    for _ in 0..3 {
+        let locked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (SELECT name FROM durastep.topics WHERE name = ANY ($1)
+                                    ORDER BY name FOR SHARE) t",
+        )
+        .bind(&names)
+        .fetch_one(&mut *conn)
+        .await?;
+        if locked as usize == names.len() {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// Stores events and fans each out into one run per function it triggers, in one
 /// statement. An event whose (name, idempotency key) is already stored inserts
-/// nothing and reports the stored event and its runs. Notifies the workers once
-/// if any run is due now.
+/// nothing and reports the stored event and its runs. In the same statement,
+/// each new event cancels the unfinished runs that a `cancel_on` of their
+/// function matches, and resumes the waits it matches (see `lock_topics`, which
+/// must precede it in the same transaction). Notifies the workers once if any
+/// run is due now.
 pub(crate) async fn insert_events(
     conn: &mut PgConnection,
     events: &[NewEvent],
@@ -110,11 +149,64 @@ pub(crate) async fn insert_events(
                     f.max_attempts, i.priority
                FROM input i JOIN ev ON ev.id = i.id
                JOIN durastep.functions f ON f.triggers @> ARRAY[i.name]
-             RETURNING id, event_id, run_at)
+             RETURNING id, event_id, run_at),
+         fresh AS (
+             SELECT i.id, i.name, i.payload::jsonb AS payload, i.ord FROM input i JOIN ev ON ev.id = i.id),
+         cspec AS (
+             SELECT f.id AS function_id, fr.name,
+                    fr.payload #> ARRAY(SELECT jsonb_array_elements_text(c->'event_path')) AS want,
+                    ARRAY(SELECT jsonb_array_elements_text(c->'run_path')) AS run_path
+               FROM fresh fr, durastep.functions f, jsonb_array_elements(f.cancel_on) c
+              WHERE f.cancel_on <> '[]' AND c->>'event' = fr.name),
+         cx AS (
+             SELECT DISTINCT ON (cr.id) cr.id, s.name
+               FROM cspec s
+               JOIN durastep.runs cr ON cr.function_id = s.function_id
+                                    AND cr.state IN ('queued', 'running', 'sleeping', 'waiting')
+               JOIN durastep.events ce ON ce.id = cr.event_id
+              WHERE s.want IS NOT NULL AND (ce.payload #> s.run_path) = s.want
+              ORDER BY cr.id),
+         dx AS (
+             SELECT DISTINCT ON (w.run_id, w.step_key) w.run_id, w.step_key, fr.id AS event_id, fr.payload
+               FROM fresh fr JOIN durastep.waits w ON w.event_name = fr.name
+              WHERE w.match_path IS NULL OR (fr.payload #> w.match_path) = w.match_value
+              ORDER BY w.run_id, w.step_key, fr.ord),
+         lk AS (
+             SELECT l.id, l.state, l.lease_epoch FROM durastep.runs l
+              WHERE l.id IN (SELECT id FROM cx UNION SELECT run_id FROM dx)
+                AND l.state IN ('queued', 'running', 'sleeping', 'waiting')
+              ORDER BY l.id FOR NO KEY UPDATE),
+         upd AS (
+             UPDATE durastep.runs u
+                SET state = CASE WHEN cx.id IS NOT NULL THEN 'cancelled' ELSE 'queued' END,
+                    run_at = CASE WHEN cx.id IS NOT NULL THEN u.run_at ELSE durastep.now() END,
+                    finished_at = CASE WHEN cx.id IS NOT NULL THEN durastep.now() END,
+                    cancel_reason = CASE WHEN cx.id IS NOT NULL THEN 'cancelled by event ' || cx.name
+                                         ELSE u.cancel_reason END,
+                    lease_expires_at = CASE WHEN cx.id IS NOT NULL THEN NULL ELSE u.lease_expires_at END,
+                    worker_id = CASE WHEN cx.id IS NOT NULL THEN NULL ELSE u.worker_id END
+               FROM lk LEFT JOIN cx ON cx.id = lk.id
+              WHERE u.id = lk.id AND (cx.id IS NOT NULL OR lk.state = 'waiting')
+             RETURNING u.id, u.state),
+         res AS (
+             INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch)
+             SELECT dx.run_id, dx.step_key, jsonb_build_object('event_id', dx.event_id, 'data', dx.payload),
+                    lk.lease_epoch
+               FROM dx JOIN lk ON lk.id = dx.run_id
+              WHERE dx.run_id NOT IN (SELECT id FROM cx)
+             ON CONFLICT DO NOTHING
+             RETURNING run_id),
+         del AS (
+             DELETE FROM durastep.waits w
+              WHERE w.run_id IN (SELECT lk.id FROM lk JOIN cx ON cx.id = lk.id)
+                 OR (w.run_id, w.step_key) IN (SELECT dx.run_id, dx.step_key FROM dx JOIN lk ON lk.id = dx.run_id)
+             RETURNING w.run_id)
          SELECT i.ord, i.id, (ev.id IS NOT NULL) AS inserted,
                 ARRAY(SELECT r.id FROM r WHERE r.event_id = i.id ORDER BY r.id) AS run_ids,
                 (SELECT pg_notify('durastep_wakeup', '')
-                  WHERE EXISTS (SELECT 1 FROM r WHERE r.run_at <= durastep.now())) IS NULL AS _n
+                  WHERE EXISTS (SELECT 1 FROM r WHERE r.run_at <= durastep.now())
+                     OR EXISTS (SELECT 1 FROM upd WHERE upd.state = 'queued')) IS NULL AS _n,
+                (SELECT count(*) FROM res) + (SELECT count(*) FROM del) AS _touched
            FROM input i LEFT JOIN ev ON ev.id = i.id
           ORDER BY i.ord",
     )
@@ -162,6 +254,156 @@ pub(crate) async fn insert_events(
     Ok(out)
 }
 
+/// How [`cancel_run`] went.
+pub(crate) enum CancelOutcome {
+    /// No run has this id.
+    Unknown,
+    /// The run had already finished in this state; nothing changed.
+    Finished(String),
+    /// Cancelled now (from this state).
+    Cancelled,
+}
+
+/// Cancels one unfinished run: its state becomes `cancelled`, so every later
+/// fenced write of a running attempt matches nothing, and its waits are removed.
+pub(crate) async fn cancel_run(pool: &PgPool, run_id: Uuid, reason: &str) -> Result<CancelOutcome, sqlx::Error> {
+    let row: Option<(String, bool)> = sqlx::query_as(
+        "WITH l AS (SELECT id, state FROM durastep.runs WHERE id = $1 FOR NO KEY UPDATE),
+         u AS (
+             UPDATE durastep.runs r
+                SET state = 'cancelled', cancel_reason = $2, finished_at = durastep.now(),
+                    lease_expires_at = NULL, worker_id = NULL
+               FROM l WHERE r.id = l.id AND l.state NOT IN ('completed', 'failed', 'cancelled')
+             RETURNING r.id),
+         d AS (DELETE FROM durastep.waits w WHERE w.run_id IN (SELECT id FROM u) RETURNING w.run_id)
+         SELECT l.state, EXISTS (SELECT 1 FROM u) AND (SELECT count(*) FROM d) >= 0 FROM l",
+    )
+    .bind(run_id)
+    .bind(reason)
+    .fetch_optional(pool)
+    .await?;
+    Ok(match row {
+        None => CancelOutcome::Unknown,
+        Some((_, true)) => CancelOutcome::Cancelled,
+        Some((state, false)) => CancelOutcome::Finished(state),
+    })
+}
+
+/// What a wait for an event came to, when it was not left waiting.
+#[allow(dead_code)] // until Ctx::wait_for_event lands
+pub(crate) enum WaitOutcome {
+    /// The run is `waiting`; the attempt ends.
+    Suspended,
+    /// Resolved: the stored result (an event or a timeout record).
+    Resolved(Value),
+    /// The attempt no longer holds the run.
+    Fenced,
+}
+
+/// What a wait stores for its step when it times out.
+#[allow(dead_code)]
+pub(crate) const WAIT_TIMED_OUT: &str = r#"{"timed_out": true}"#;
+
+/// Records a wait for an event of `event_name` whose value at `path` equals
+/// `value` (any event of the name when `path` is None), and suspends the run
+/// until it arrives or until the deadline, which is computed at the first call
+/// (`timeout_secs` from then; None: no deadline) and kept by the wait's row.
+/// A result already stored (an event delivered since the claim) is returned
+/// instead; a deadline already passed stores the timeout record.
+///
+/// Lock order: the topic row first (an UPDATE, which conflicts with every
+/// sender's FOR SHARE, see `lock_topics`), then the run row (fencing).
+#[allow(clippy::too_many_arguments, dead_code)]
+pub(crate) async fn wait_for_event(
+    pool: &PgPool,
+    run_id: Uuid,
+    epoch: i64,
+    key: &str,
+    event_name: &str,
+    path: Option<&[String]>,
+    value: Option<&str>,
+    timeout_secs: Option<f64>,
+) -> Result<WaitOutcome, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO durastep.topics (name, waits) VALUES ($1, 1)
+         ON CONFLICT (name) DO UPDATE SET waits = durastep.topics.waits + 1",
+    )
+    .bind(event_name)
+    .execute(&mut *tx)
+    .await?;
+    // A fresh statement: its snapshot is taken after the topic lock.
+    let state: Option<(Option<Value>, DateTime<Utc>, bool)> = sqlx::query_as(
+        "WITH l AS (SELECT id FROM durastep.runs WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
+                     FOR NO KEY UPDATE),
+         dl AS (SELECT coalesce(
+                   (SELECT w.expires_at FROM durastep.waits w WHERE w.run_id = $1 AND w.step_key = $3),
+                   CASE WHEN $4::float8 IS NULL THEN 'infinity'::timestamptz
+                        ELSE durastep.now() + make_interval(secs => $4) END) AS at)
+         SELECT (SELECT s.output FROM durastep.step_results s WHERE s.run_id = $1 AND s.step_key = $3),
+                dl.at, dl.at <= durastep.now()
+           FROM l, dl",
+    )
+    .bind(run_id)
+    .bind(epoch)
+    .bind(key)
+    .bind(timeout_secs)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((stored, deadline, due)) = state else {
+        return Ok(WaitOutcome::Fenced);
+    };
+    if let Some(stored) = stored {
+        sqlx::query("DELETE FROM durastep.waits WHERE run_id = $1 AND step_key = $2")
+            .bind(run_id)
+            .bind(key)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        return Ok(WaitOutcome::Resolved(stored));
+    }
+    if due {
+        // No sender can deliver meanwhile (we hold the topic), so the insert stores.
+        let stored: Option<Value> = sqlx::query_scalar(
+            "WITH d AS (DELETE FROM durastep.waits WHERE run_id = $1 AND step_key = $2),
+             ins AS (INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch)
+                     VALUES ($1, $2, $3::jsonb, $4) ON CONFLICT DO NOTHING RETURNING output)
+             SELECT output FROM ins",
+        )
+        .bind(run_id)
+        .bind(key)
+        .bind(WAIT_TIMED_OUT)
+        .bind(epoch)
+        .fetch_optional(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        return match stored {
+            Some(v) => Ok(WaitOutcome::Resolved(v)),
+            None => Ok(load_step(&mut *pool.acquire().await?, run_id, key)
+                .await?
+                .map_or(WaitOutcome::Fenced, WaitOutcome::Resolved)),
+        };
+    }
+    sqlx::query(
+        "WITH w AS (
+             INSERT INTO durastep.waits (run_id, step_key, event_name, match_path, match_value, expires_at)
+             VALUES ($1, $2, $3, $4, $5::jsonb, $6)
+             ON CONFLICT (run_id, step_key) DO NOTHING)
+         UPDATE durastep.runs SET state = 'waiting', run_at = $6, lease_expires_at = NULL, worker_id = NULL
+          WHERE id = $1",
+    )
+    .bind(run_id)
+    .bind(key)
+    .bind(event_name)
+    .bind(path)
+    .bind(value)
+    .bind(deadline)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(WaitOutcome::Suspended)
+}
+
 /// A run a worker has claimed, with everything its attempt needs.
 pub(crate) struct ClaimedRun {
     pub id: Uuid,
@@ -187,7 +429,7 @@ pub(crate) async fn claim_runnable(
     let rows = sqlx::query(
         "WITH due AS (
              SELECT id FROM durastep.runs
-              WHERE state IN ('queued', 'sleeping') AND run_at <= durastep.now()
+              WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
                 AND function_id = ANY ($1)
               ORDER BY priority DESC, run_at
               LIMIT $2
@@ -234,7 +476,7 @@ pub(crate) async fn claim_runnable(
 pub(crate) async fn next_due_in(pool: &PgPool, functions: &[String]) -> Result<Option<Duration>, sqlx::Error> {
     let secs: Option<f64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM min(run_at) - durastep.now())::float8 FROM durastep.runs
-          WHERE state IN ('queued', 'sleeping') AND function_id = ANY ($1)",
+          WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at < 'infinity' AND function_id = ANY ($1)",
     )
     .bind(functions)
     .fetch_one(pool)
@@ -572,6 +814,7 @@ pub(crate) struct RunRow {
     pub max_attempts: i32,
     pub run_at: DateTime<Utc>,
     pub last_error: Option<String>,
+    pub cancel_reason: Option<String>,
     pub output: Option<Value>,
     pub created_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -580,8 +823,8 @@ pub(crate) struct RunRow {
 /// Loads one run.
 pub(crate) async fn load_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, function_id, event_id, state, attempt, max_attempts, run_at, last_error, output,
-                created_at, finished_at
+        "SELECT id, function_id, event_id, state, attempt, max_attempts, run_at, last_error, cancel_reason,
+                output, created_at, finished_at
            FROM durastep.runs WHERE id = $1",
     )
     .bind(run_id)
