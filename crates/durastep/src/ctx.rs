@@ -446,6 +446,169 @@ impl Ctx {
     }
 }
 
+/// Which events of a name resume a [`Ctx::wait_for_event`].
+///
+/// ```
+/// use durastep::EventMatch;
+/// // The approval of this campaign (its data has `"campaign_id": "c_9"`):
+/// let m = EventMatch::field("/campaign_id", &"c_9");
+/// // Any event of the name:
+/// let any = EventMatch::any();
+/// # let _ = (m, any);
+/// ```
+#[derive(Debug, Clone)]
+pub struct EventMatch {
+    kind: MatchKind,
+}
+
+#[derive(Debug, Clone)]
+enum MatchKind {
+    Any,
+    Field { pointer: String, value: Result<Value, String> },
+}
+
+impl EventMatch {
+    /// Every event of the awaited name matches.
+    ///
+    /// ```
+    /// let m = durastep::EventMatch::any();
+    /// # let _ = m;
+    /// ```
+    pub fn any() -> Self {
+        EventMatch { kind: MatchKind::Any }
+    }
+
+    /// Events whose data has `value` at the JSON pointer `pointer` (RFC 6901:
+    /// `"/campaign_id"`, `"/order/lines/0/sku"`; `""` is the whole data). The
+    /// comparison is JSON equality (`1` and `1.0` are equal, `1` and `"1"` are not).
+    ///
+    /// ```
+    /// let m = durastep::EventMatch::field("/invoice/id", &42);
+    /// # let _ = m;
+    /// ```
+    pub fn field<T: Serialize + ?Sized>(pointer: impl Into<String>, value: &T) -> Self {
+        EventMatch {
+            kind: MatchKind::Field {
+                pointer: pointer.into(),
+                value: serde_json::to_value(value).map_err(|e| e.to_string()),
+            },
+        }
+    }
+}
+
+/// What a wait stores for its step: the event that resumed it, or a timeout.
+#[derive(serde::Deserialize)]
+struct WaitRecord {
+    #[serde(default)]
+    data: Option<Value>,
+    #[serde(default)]
+    timed_out: bool,
+}
+
+impl Ctx {
+    /// Suspends the run until an event named `event_name` that `matching`
+    /// accepts arrives, or until `timeout` has passed; returns the event's data
+    /// (deserialized into `T`), or `None` on timeout.
+    ///
+    /// While it waits the run is `waiting`: no worker, task, connection or
+    /// lease is held. The outcome is checkpointed under the step name `name`, so
+    /// later executions of the handler return the same event (or the same
+    /// `None`) at once. The timeout is measured by the database clock from the
+    /// first time this wait is recorded, and is kept across executions.
+    ///
+    /// Which events count: exactly those that commit **after** the wait is
+    /// recorded. An event that committed before, even a moment before, does not
+    /// resume it (it started no wait); if a reply may come before you wait,
+    /// look for it in a step first. There is no window in between: a sender
+    /// and a waiter of one event name are ordered by a row lock, so an event
+    /// that commits after the wait is recorded always resumes it, however the
+    /// two transactions interleave. The first event that resumes a wait wins;
+    /// later ones are not delivered to it. Data that does not deserialize into
+    /// `T` fails the run permanently.
+    ///
+    /// ```
+    /// # async fn f(ctx: durastep::Ctx) -> durastep::HandlerResult<()> {
+    /// use durastep::EventMatch;
+    /// use std::time::Duration;
+    /// #[derive(serde::Deserialize)]
+    /// struct Approved { campaign_id: String, by: String }
+    ///
+    /// let approval: Option<Approved> = ctx
+    ///     .wait_for_event("approval", "campaign/approved", EventMatch::field("/campaign_id", &"c_9"), Duration::from_secs(2 * 86_400))
+    ///     .await?;
+    /// match approval {
+    ///     Some(a) => println!("approved by {} ({})", a.by, a.campaign_id),
+    ///     None => println!("no approval within two days"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn wait_for_event<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        event_name: &str,
+        matching: EventMatch,
+        timeout: Duration,
+    ) -> HandlerResult<Option<T>> {
+        let key = self.next_key(name)?;
+        if let Some(stored) = self.stored::<Value>(&key) {
+            return wait_result(&key, stored?);
+        }
+        if self.inner.lost.is_cancelled() {
+            return self.stop(Signal::Fenced).await;
+        }
+        limits::check_name("event name", event_name, &self.inner.limits)
+            .map_err(|e| HandlerError::permanent(format!("step {key}: {e}")))?;
+        let (path, value) = match matching.kind {
+            MatchKind::Any => (None, None),
+            MatchKind::Field { pointer, value } => {
+                let path = crate::function::pointer_path(&pointer)
+                    .map_err(|e| HandlerError::permanent(format!("step {key}: {e}")))?;
+                let value = value
+                    .map_err(|e| HandlerError::permanent(format!("step {key}: match value does not serialize: {e}")))?;
+                let text = limits::check_payload(&value, &self.inner.limits)
+                    .map_err(|e| HandlerError::permanent(format!("step {key}: match value refused: {e}")))?;
+                (Some(path), Some(text))
+            }
+        };
+        // Beyond a century is "no timeout" (the deadline is then 'infinity').
+        let timeout_secs = (timeout < Duration::from_secs(100 * 365 * 86_400)).then_some(timeout.as_secs_f64());
+        let outcome = store::wait_for_event(
+            &self.inner.pool,
+            self.inner.run_id,
+            self.inner.epoch,
+            &key,
+            event_name,
+            path.as_deref(),
+            value.as_deref(),
+            timeout_secs,
+        )
+        .await;
+        match outcome {
+            Ok(store::WaitOutcome::Suspended) => self.stop(Signal::Suspended).await,
+            Ok(store::WaitOutcome::Fenced) => self.stop(Signal::Fenced).await,
+            Ok(store::WaitOutcome::Resolved(stored)) => {
+                let stored = self.open::<Value>(&key, stored)?;
+                wait_result(&key, stored)
+            }
+            Err(e) => {
+                let e = HandlerError::new(format!("step {key}: could not wait: {e}"));
+                self.stop(Signal::StepFailed(e)).await
+            }
+        }
+    }
+}
+
+fn wait_result<T: DeserializeOwned>(key: &str, stored: Value) -> HandlerResult<Option<T>> {
+    let record: WaitRecord = decode(key, stored)?;
+    match (record.data, record.timed_out) {
+        (Some(data), _) => decode(key, data).map(Some),
+        (None, true) => Ok(None),
+        (None, false) => {
+            Err(HandlerError::permanent(format!("step {key}: stored wait result is neither an event nor a timeout")))
+        }
+    }
+}
+
 enum TxOutcome<T> {
     Committed(T),
     Adopted(Value),

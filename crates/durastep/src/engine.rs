@@ -143,7 +143,7 @@ impl Engine {
     /// Sends an event inside the caller's transaction: it is stored, and its runs
     /// start, only if that transaction commits (the outbox pattern, without an outbox).
     /// Until that transaction ends, no run can start waiting for an event of
-    /// this name (see `Ctx::wait_for_event`), so
+    /// this name (see [`Ctx::wait_for_event`](crate::Ctx::wait_for_event)), so
     /// keep it short. Use READ COMMITTED (Postgres' default): under REPEATABLE
     /// READ or SERIALIZABLE a concurrently recorded wait makes this call fail
     /// with a serialization error (retry the transaction) instead of missing it.
@@ -505,7 +505,7 @@ pub enum RunState {
     Running,
     /// Suspended in a durable sleep; holds no worker.
     Sleeping,
-    /// Suspended in `Ctx::wait_for_event` until an
+    /// Suspended in [`Ctx::wait_for_event`](crate::Ctx::wait_for_event) until an
     /// event or its timeout; holds no worker.
     Waiting,
     /// Finished with an output.

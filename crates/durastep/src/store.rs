@@ -290,7 +290,6 @@ pub(crate) async fn cancel_run(pool: &PgPool, run_id: Uuid, reason: &str) -> Res
 }
 
 /// What a wait for an event came to, when it was not left waiting.
-#[allow(dead_code)] // until Ctx::wait_for_event lands
 pub(crate) enum WaitOutcome {
     /// The run is `waiting`; the attempt ends.
     Suspended,
@@ -301,7 +300,6 @@ pub(crate) enum WaitOutcome {
 }
 
 /// What a wait stores for its step when it times out.
-#[allow(dead_code)]
 pub(crate) const WAIT_TIMED_OUT: &str = r#"{"timed_out": true}"#;
 
 /// Records a wait for an event of `event_name` whose value at `path` equals
@@ -313,7 +311,7 @@ pub(crate) const WAIT_TIMED_OUT: &str = r#"{"timed_out": true}"#;
 ///
 /// Lock order: the topic row first (an UPDATE, which conflicts with every
 /// sender's FOR SHARE, see `lock_topics`), then the run row (fencing).
-#[allow(clippy::too_many_arguments, dead_code)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn wait_for_event(
     pool: &PgPool,
     run_id: Uuid,
