@@ -24,6 +24,7 @@ use uuid::Uuid;
 
 use crate::checkpoint::Writer;
 use crate::codec::{self, Keyring};
+use crate::event::{Event, SendReceipt};
 use crate::failure::{HandlerError, HandlerResult};
 use crate::limits::{self, Limits};
 use crate::store::{self, PendingWrite, WriteOutcome};
@@ -330,8 +331,17 @@ impl Ctx {
     {
         let key = self.next_key(name);
         let ctx = self.clone();
+        let name = name.to_owned();
+        async move { ctx.step_tx_key(key?, f, &name).await }
+    }
+
+    async fn step_tx_key<T, F>(&self, key: String, f: F, name: &str) -> HandlerResult<T>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        F: for<'c> FnOnce(&'c mut PgConnection) -> TxFuture<'c, T> + Send,
+    {
+        let ctx = self;
         async move {
-            let key = key?;
             if let Some(stored) = ctx.stored(&key) {
                 return stored;
             }
@@ -346,6 +356,51 @@ impl Ctx {
             }
         }
         .instrument(tracing::debug_span!("step_tx", step = name))
+        .await
+    }
+
+    /// Sends an event from the run, as a step: its fan-out (the runs it starts,
+    /// the waits it resumes, the runs it cancels) happens once for this run,
+    /// however often the attempt is retried or the handler replayed. The event
+    /// is stored in the same transaction as the step's checkpoint, behind the
+    /// fencing check, and carries a deterministic idempotency key (the run id
+    /// and the step key, `"<run id>:<step key>"`) unless you gave it one; so a
+    /// lost commit acknowledgement or a stale attempt never sends it twice.
+    /// Returns the receipt of the send (the stored one on replays).
+    ///
+    /// ```
+    /// # async fn f(ctx: durastep::Ctx) -> durastep::HandlerResult<()> {
+    /// use durastep::Event;
+    /// let receipt = ctx
+    ///     .send_event("notify-finance", Event::new("budget/pushed", &serde_json::json!({"campaign_id": "c_9"})))
+    ///     .await?;
+    /// println!("started {} runs", receipt.run_ids.len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn send_event(&self, name: &str, event: Event) -> HandlerResult<SendReceipt> {
+        let key = self.next_key(name)?;
+        let event = if event.has_idempotency_key() {
+            event
+        } else {
+            let k = format!("{}:{key}", self.inner.run_id);
+            event.idempotency_key(k)
+        };
+        let prepared = event
+            .prepare(&self.inner.limits)
+            .map_err(|e| HandlerError::permanent(format!("step {key}: event refused: {e}")))?;
+        self.step_tx_key(
+            key,
+            move |conn| {
+                Box::pin(async move {
+                    let mut receipts = crate::engine::insert(conn, std::slice::from_ref(&prepared))
+                        .await
+                        .map_err(|e| HandlerError::new(format!("send failed: {e}")))?;
+                    Ok(receipts.remove(0))
+                })
+            },
+            name,
+        )
+        .await
     }
 
     async fn run_step_tx<T, F>(&self, key: &str, f: F) -> HandlerResult<TxOutcome<T>>
