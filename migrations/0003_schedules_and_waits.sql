@@ -47,3 +47,22 @@ CREATE TABLE durastep.waits (
     PRIMARY KEY (run_id, step_key)
 );
 CREATE INDEX waits_event ON durastep.waits (event_name);
+
+-- Cron schedules: one row per function with on_cron, upserted at registration.
+-- Every worker that has the function ticks it: it locks the row FOR UPDATE SKIP
+-- LOCKED when next_fire_at has passed, sends one event per fire time to fire
+-- (name 'durastep/cron:<function id>', idempotency key = the fire time, so each
+-- fire time makes one run however many workers tick), and moves
+-- last_tick_at/next_fire_at on, in one transaction.
+CREATE TABLE durastep.schedules (
+    function_id  text PRIMARY KEY,
+    expr         text NOT NULL,
+    tz           text NOT NULL,
+    -- How many missed fire times to run after an outage (the latest ones): 1 is
+    -- "skip to the latest".
+    catch_up     integer NOT NULL CHECK (catch_up >= 1),
+    -- Fire times up to here are handled; NULL until the first tick.
+    last_tick_at timestamptz,
+    next_fire_at timestamptz,
+    updated_at   timestamptz NOT NULL DEFAULT now()
+);

@@ -16,6 +16,7 @@ use crate::error::{Error, from_sqlx};
 use crate::event::{Event, SendReceipt};
 use crate::function::{Backoff, ErasedHandler, Function};
 use crate::limits::{self, Limits};
+use crate::schedule::{self, CatchUp, Schedule};
 use crate::store;
 use crate::worker::{self, WorkerOptions};
 
@@ -23,6 +24,8 @@ use crate::worker::{self, WorkerOptions};
 pub(crate) struct Registered {
     pub handler: ErasedHandler,
     pub backoff: Backoff,
+    /// The cron schedule and its catch-up policy, for functions with `on_cron`.
+    pub schedule: Option<(Schedule, CatchUp)>,
 }
 
 pub(crate) struct EngineInner {
@@ -397,6 +400,7 @@ impl EngineBuilder {
     pub async fn build(self) -> Result<Engine, Error> {
         let mut functions = HashMap::new();
         let mut rows = Vec::new();
+        let mut schedules = Vec::new();
         for f in self.functions {
             limits::check_function_id(&f.id, &self.limits)?;
             for t in &f.triggers {
@@ -412,9 +416,19 @@ impl EngineBuilder {
                 return Err(Error::InvalidFunction(format!("two functions have the id {:?}", f.id)));
             }
             let max_attempts = i32::try_from(f.max_attempts).unwrap_or(i32::MAX);
+            let mut triggers = f.triggers.clone();
+            if let Some(s) = &f.schedule {
+                triggers.push(schedule::cron_event_name(&f.id));
+                schedules.push(store::ScheduleRow {
+                    function_id: f.id.clone(),
+                    expr: s.expr().to_owned(),
+                    tz: s.tz().name().to_owned(),
+                    catch_up: i32::try_from(f.catch_up.bound()).unwrap_or(i32::MAX),
+                });
+            }
             rows.push(store::FunctionRow {
                 id: f.id.clone(),
-                triggers: f.triggers.clone(),
+                triggers,
                 max_attempts,
                 has_on_failure: f.on_failure.is_some(),
                 cancel_on: f.cancel_on_json(),
@@ -428,9 +442,10 @@ impl EngineBuilder {
                     has_on_failure: false,
                     cancel_on: "[]".into(),
                 });
-                functions.insert(id, Registered { handler, backoff: Backoff::default() });
+                functions.insert(id, Registered { handler, backoff: Backoff::default(), schedule: None });
             }
-            functions.insert(f.id, Registered { handler: f.handler, backoff: f.backoff });
+            let schedule = f.schedule.map(|s| (s, f.catch_up));
+            functions.insert(f.id, Registered { handler: f.handler, backoff: f.backoff, schedule });
         }
 
         let (pool, control_pool) = match (self.pool, self.url) {
@@ -455,6 +470,8 @@ impl EngineBuilder {
             store::migrate(&pool).await?;
         }
         store::register_functions(&pool, &mut rows).await.map_err(from_sqlx)?;
+        let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+        store::register_schedules(&pool, &mut schedules, &ids).await.map_err(from_sqlx)?;
         Ok(Engine {
             inner: Arc::new(EngineInner {
                 pool,

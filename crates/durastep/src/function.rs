@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::ctx::Ctx;
 use crate::failure::{HandlerError, HandlerResult};
+use crate::schedule::{CatchUp, Schedule};
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 pub(crate) type ErasedHandler = Arc<dyn Fn(Ctx, Value) -> BoxFuture<HandlerResult<Value>> + Send + Sync>;
@@ -148,6 +149,8 @@ pub struct Function {
     pub(crate) cancel_on: Vec<CancelOn>,
     /// Why the definition is invalid (reported by `build`).
     pub(crate) invalid: Vec<String>,
+    pub(crate) schedule: Option<Schedule>,
+    pub(crate) catch_up: CatchUp,
 }
 
 /// One `cancel_on` rule: an event of this name cancels the runs whose own event
@@ -186,6 +189,8 @@ impl Function {
             on_failure: None,
             cancel_on: Vec::new(),
             invalid: Vec::new(),
+            schedule: None,
+            catch_up: CatchUp::default(),
         }
     }
 
@@ -223,6 +228,8 @@ pub struct FunctionBuilder {
     on_failure: Option<ErasedHandler>,
     cancel_on: Vec<CancelOn>,
     invalid: Vec<String>,
+    schedule: Option<Schedule>,
+    catch_up: CatchUp,
 }
 
 /// Splits a JSON pointer (RFC 6901: `""` is the whole document, `"/a/b"` is
@@ -243,6 +250,47 @@ pub(crate) fn pointer_path(pointer: &str) -> Result<Vec<String>, String> {
 }
 
 impl FunctionBuilder {
+    /// Runs this function on a cron schedule in a time zone (see [`Schedule`]
+    /// for the syntax and for what happens on daylight-saving changes). Each
+    /// fire time starts exactly one run, however many workers are up: every
+    /// worker that has the function registered ticks the schedule (no leader),
+    /// and the run for a fire time is created by an event whose idempotency key
+    /// is that fire time. The run's input is a [`CronTick`] carrying its
+    /// scheduled time. Fire times missed while no worker was running follow
+    /// [`FunctionBuilder::catch_up`]. A schedule is first armed when a worker
+    /// ticks it: fire times before that are not run. An expression that does
+    /// not parse is refused at build ([`crate::Error::InvalidFunction`]).
+    ///
+    /// ```
+    /// use durastep::{CronTick, Ctx, Function};
+    /// // Story B: the Meta token rotation, first Monday of each quarter, 09:00 Amsterdam.
+    /// let rotation = Function::new("meta-token-rotation")
+    ///     .on_cron("0 9 * 1,4,7,10 MON#1", chrono_tz::Europe::Amsterdam)
+    ///     .handler(|ctx: Ctx, tick: CronTick| async move {
+    ///         ctx.step("rotate", || async move { Ok(tick.scheduled_at.to_rfc3339()) }).await
+    ///     });
+    /// # let _ = rotation;
+    /// ```
+    pub fn on_cron(mut self, expr: &str, tz: chrono_tz::Tz) -> Self {
+        match Schedule::new(expr, tz) {
+            Ok(s) => self.schedule = Some(s),
+            Err(e) => self.invalid.push(e.to_string()),
+        }
+        self
+    }
+
+    /// What happens to the fire times of [`FunctionBuilder::on_cron`] missed
+    /// while no worker was running (default [`CatchUp::Latest`]).
+    ///
+    /// ```
+    /// let b = durastep::Function::new("hourly").on_cron("0 * * * *", chrono_tz::UTC).catch_up(durastep::CatchUp::Each { max: 24 });
+    /// # let _ = b;
+    /// ```
+    pub fn catch_up(mut self, policy: CatchUp) -> Self {
+        self.catch_up = policy;
+        self
+    }
+
     /// Cancels this function's unfinished runs when an event named `event`
     /// arrives whose data, at the JSON pointer `matching.0`, equals the value the
     /// run's own event data has at the JSON pointer `matching.1`. The cancel
@@ -348,6 +396,8 @@ impl FunctionBuilder {
             on_failure: self.on_failure,
             cancel_on: self.cancel_on,
             invalid: self.invalid,
+            schedule: self.schedule,
+            catch_up: self.catch_up,
         }
     }
 }

@@ -70,6 +70,98 @@ pub(crate) async fn register_functions(pool: &PgPool, rows: &mut [FunctionRow]) 
     Ok(())
 }
 
+/// A cron schedule as stored in `durastep.schedules`.
+pub(crate) struct ScheduleRow {
+    pub function_id: String,
+    pub expr: String,
+    pub tz: String,
+    pub catch_up: i32,
+}
+
+/// Upserts the schedules of the registered functions `ids` (sorted by id) and
+/// removes the schedules of those of them that no longer have one. A changed
+/// expression or time zone re-arms the schedule from the next tick.
+pub(crate) async fn register_schedules(
+    pool: &PgPool,
+    rows: &mut [ScheduleRow],
+    ids: &[String],
+) -> Result<(), sqlx::Error> {
+    rows.sort_by(|a, b| a.function_id.cmp(&b.function_id));
+    let fids: Vec<&str> = rows.iter().map(|r| r.function_id.as_str()).collect();
+    let exprs: Vec<&str> = rows.iter().map(|r| r.expr.as_str()).collect();
+    let tzs: Vec<&str> = rows.iter().map(|r| r.tz.as_str()).collect();
+    let catch_up: Vec<i32> = rows.iter().map(|r| r.catch_up).collect();
+    sqlx::query(
+        "WITH gone AS (
+             DELETE FROM durastep.schedules
+              WHERE function_id = ANY ($5) AND NOT function_id = ANY ($1))
+         INSERT INTO durastep.schedules (function_id, expr, tz, catch_up)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[])
+         ON CONFLICT (function_id) DO UPDATE
+            SET catch_up = EXCLUDED.catch_up, updated_at = now(),
+                expr = EXCLUDED.expr, tz = EXCLUDED.tz,
+                last_tick_at = CASE WHEN (durastep.schedules.expr, durastep.schedules.tz) = (EXCLUDED.expr, EXCLUDED.tz)
+                                    THEN durastep.schedules.last_tick_at END,
+                next_fire_at = CASE WHEN (durastep.schedules.expr, durastep.schedules.tz) = (EXCLUDED.expr, EXCLUDED.tz)
+                                    THEN durastep.schedules.next_fire_at END",
+    )
+    .bind(&fids)
+    .bind(&exprs)
+    .bind(&tzs)
+    .bind(&catch_up)
+    .bind(ids)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// A schedule whose next fire time has passed, locked for this tick.
+pub(crate) struct DueSchedule {
+    pub function_id: String,
+    /// Fire times up to here are handled (None: never ticked; arm it now).
+    pub last_tick_at: Option<DateTime<Utc>>,
+    pub db_now: DateTime<Utc>,
+}
+
+/// Locks the schedules of these functions that are due (or never ticked),
+/// skipping those another worker is ticking. Run in the tick's transaction.
+pub(crate) async fn lock_due_schedules(
+    conn: &mut PgConnection,
+    function_ids: &[String],
+) -> Result<Vec<DueSchedule>, sqlx::Error> {
+    let rows: Vec<(String, Option<DateTime<Utc>>, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT function_id, last_tick_at, durastep.now() FROM durastep.schedules
+          WHERE function_id = ANY ($1) AND (next_fire_at IS NULL OR next_fire_at <= durastep.now())
+          ORDER BY function_id FOR UPDATE SKIP LOCKED",
+    )
+    .bind(function_ids)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(function_id, last_tick_at, db_now)| DueSchedule { function_id, last_tick_at, db_now })
+        .collect())
+}
+
+/// Records a tick: fire times up to `tick_at` are handled; the next is `next`.
+pub(crate) async fn advance_schedule(
+    conn: &mut PgConnection,
+    function_id: &str,
+    tick_at: DateTime<Utc>,
+    next: Option<DateTime<Utc>>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE durastep.schedules SET last_tick_at = $2, next_fire_at = coalesce($3, 'infinity')
+          WHERE function_id = $1",
+    )
+    .bind(function_id)
+    .bind(tick_at)
+    .bind(next)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// An event ready to insert: validated and serialized.
 pub(crate) struct NewEvent {
     pub id: Uuid,
