@@ -66,3 +66,40 @@ CREATE TABLE durastep.schedules (
     next_fire_at timestamptz,
     updated_at   timestamptz NOT NULL DEFAULT now()
 );
+
+-- Child runs (ctx.invoke): the parent run and its step that waits for this one.
+-- At most one child per parent step: a parent that re-executes its invoke
+-- (after a crash, a retry) finds its child instead of starting a second one.
+ALTER TABLE durastep.runs ADD COLUMN parent_run_id uuid, ADD COLUMN parent_step_key text;
+CREATE UNIQUE INDEX runs_parent ON durastep.runs (parent_run_id, parent_step_key)
+    WHERE parent_run_id IS NOT NULL;
+
+-- When a child run finishes (completed, failed or cancelled), by whatever path
+-- (group commit, failed attempt, reaper, cancel, timeout), its outcome is stored
+-- as the parent's step result and a waiting parent is made due, in the same
+-- transaction. The output is copied as stored (sealed, when encryption is on:
+-- the parent opens it with the child's key binding).
+CREATE FUNCTION durastep.resume_parent() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch)
+    SELECT p.id, NEW.parent_step_key,
+           jsonb_build_object('child_run_id', NEW.id, 'state', NEW.state, 'output', NEW.output,
+                              'error', coalesce(NEW.cancel_reason, NEW.last_error)),
+           p.lease_epoch
+      FROM durastep.runs p
+     WHERE p.id = NEW.parent_run_id AND p.state IN ('queued', 'running', 'sleeping', 'waiting')
+    ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        UPDATE durastep.runs SET state = 'queued', run_at = durastep.now()
+         WHERE id = NEW.parent_run_id AND state = 'waiting';
+        PERFORM pg_notify('durastep_wakeup', '');
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER runs_child_finished AFTER UPDATE OF state ON durastep.runs
+    FOR EACH ROW WHEN (NEW.parent_run_id IS NOT NULL
+                       AND NEW.state IN ('completed', 'failed', 'cancelled')
+                       AND OLD.state NOT IN ('completed', 'failed', 'cancelled'))
+    EXECUTE FUNCTION durastep.resume_parent();

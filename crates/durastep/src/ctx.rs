@@ -653,6 +653,152 @@ impl Ctx {
     }
 }
 
+/// Why a child run started with [`Ctx::invoke`] gave no output.
+///
+/// ```
+/// # fn f(e: durastep::ChildError) {
+/// match e {
+///     durastep::ChildError::Failed { error, .. } => eprintln!("child failed: {error}"),
+///     other => eprintln!("{other}"),
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChildError {
+    /// The child ended `failed` (out of attempts, or a permanent error).
+    #[error("child run {run_id} failed: {error}")]
+    Failed {
+        /// The child run.
+        run_id: Uuid,
+        /// Its last error.
+        error: String,
+    },
+    /// The child was cancelled.
+    #[error("child run {run_id} was cancelled: {reason}")]
+    Cancelled {
+        /// The child run.
+        run_id: Uuid,
+        /// Its cancel reason.
+        reason: String,
+    },
+    /// The child did not finish within the invoke's timeout; it was cancelled.
+    #[error("child run did not finish in time (it was cancelled)")]
+    TimedOut,
+}
+
+/// What an invoke stores for its step: the child's outcome, or a timeout.
+#[derive(serde::Deserialize)]
+struct ChildRecord {
+    #[serde(default)]
+    child_run_id: Option<Uuid>,
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default)]
+    output: Option<Value>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    timed_out: bool,
+}
+
+impl Ctx {
+    /// Starts a run of the function `function_id` with `input` and suspends
+    /// this run until that child run finishes; returns its output (deserialized
+    /// into `O`), or why it has none ([`ChildError`]: it failed, was cancelled,
+    /// or did not finish within `timeout`, in which case it is cancelled).
+    ///
+    /// The child is started once per run and step name: a parent that executes
+    /// this call again (after a crash, a retry, a wake-up) finds its child (the
+    /// database allows one child per parent step) and its stored outcome. While
+    /// the parent waits it is `waiting` and holds no worker. The child's
+    /// outcome is delivered in the transaction that finishes it, whatever
+    /// finished it (its worker, the reaper, a cancel). The timeout is measured
+    /// by the database clock from the child's creation. An unknown function id
+    /// fails the parent permanently. The child is an ordinary run: its own
+    /// retries, steps and `on_failure` apply; cancelling the parent does not
+    /// cancel it.
+    ///
+    /// ```
+    /// # async fn f(ctx: durastep::Ctx) -> durastep::HandlerResult<()> {
+    /// use std::time::Duration;
+    /// let token: Result<String, durastep::ChildError> = ctx
+    ///     .invoke("rotate", "meta-token-rotation", &serde_json::json!({"account": "act_1"}), Duration::from_secs(600))
+    ///     .await?;
+    /// match token {
+    ///     Ok(t) => println!("new token {t}"),
+    ///     Err(e) => println!("rotation did not happen: {e}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn invoke<I: Serialize + ?Sized, O: DeserializeOwned>(
+        &self,
+        name: &str,
+        function_id: &str,
+        input: &I,
+        timeout: Duration,
+    ) -> HandlerResult<Result<O, ChildError>> {
+        let key = self.next_key(name)?;
+        if let Some(stored) = self.stored::<Value>(&key) {
+            return self.child_result(&key, stored?);
+        }
+        if self.inner.lost.is_cancelled() {
+            return self.stop(Signal::Fenced).await;
+        }
+        limits::check_function_id(function_id, &self.inner.limits)
+            .map_err(|e| HandlerError::permanent(format!("step {key}: {e}")))?;
+        let input = serde_json::to_value(input)
+            .map_err(|e| HandlerError::permanent(format!("step {key}: child input does not serialize: {e}")))?;
+        let input = limits::check_payload(&input, &self.inner.limits)
+            .map_err(|e| HandlerError::permanent(format!("step {key}: child input refused: {e}")))?;
+        let timeout_secs = (timeout < Duration::from_secs(100 * 365 * 86_400)).then_some(timeout.as_secs_f64());
+        let outcome = store::invoke(
+            &self.inner.pool,
+            self.inner.run_id,
+            self.inner.epoch,
+            &key,
+            function_id,
+            &input,
+            timeout_secs,
+        )
+        .await;
+        match outcome {
+            Ok(store::InvokeOutcome::Suspended) => self.stop(Signal::Suspended).await,
+            Ok(store::InvokeOutcome::Fenced) => self.stop(Signal::Fenced).await,
+            Ok(store::InvokeOutcome::UnknownFunction) => {
+                Err(HandlerError::permanent(format!("step {key}: no function has the id {function_id:?}")))
+            }
+            Ok(store::InvokeOutcome::Resolved(stored)) => {
+                let stored = self.open::<Value>(&key, stored)?;
+                self.child_result(&key, stored)
+            }
+            Err(e) => {
+                let e = HandlerError::new(format!("step {key}: could not invoke: {e}"));
+                self.stop(Signal::StepFailed(e)).await
+            }
+        }
+    }
+
+    fn child_result<O: DeserializeOwned>(&self, key: &str, stored: Value) -> HandlerResult<Result<O, ChildError>> {
+        let record: ChildRecord = decode(key, stored)?;
+        if record.timed_out {
+            return Ok(Err(ChildError::TimedOut));
+        }
+        let run_id = record.child_run_id.unwrap_or_default();
+        let error = record.error.unwrap_or_default();
+        match record.state.as_deref() {
+            Some("completed") => {
+                let output = record.output.unwrap_or(Value::Null);
+                let output = codec::open_value(self.inner.keyring.as_deref(), &codec::output_aad(run_id), output)
+                    .map_err(|e| HandlerError::permanent(format!("step {key}: child output cannot be opened: {e}")))?;
+                decode(key, output).map(Ok)
+            }
+            Some("failed") => Ok(Err(ChildError::Failed { run_id, error })),
+            _ => Ok(Err(ChildError::Cancelled { run_id, reason: error })),
+        }
+    }
+}
+
 fn wait_result<T: DeserializeOwned>(key: &str, stored: Value) -> HandlerResult<Option<T>> {
     let record: WaitRecord = decode(key, stored)?;
     match (record.data, record.timed_out) {

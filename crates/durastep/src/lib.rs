@@ -120,7 +120,7 @@ pub mod testing;
 mod worker;
 
 pub use codec::{CodecError, Keyring};
-pub use ctx::{Ctx, EventMatch, TxFuture};
+pub use ctx::{ChildError, Ctx, EventMatch, TxFuture};
 pub use engine::{Engine, EngineBuilder, Run, RunState, migrate};
 pub use error::Error;
 pub use event::{Event, SendReceipt};

@@ -831,6 +831,125 @@ pub(crate) async fn suspend_until(
     .await
 }
 
+/// How an invoke went, when it did not leave the parent waiting.
+pub(crate) enum InvokeOutcome {
+    /// The parent is `waiting` for its child; the attempt ends.
+    Suspended,
+    /// Resolved: the stored result (the child's outcome, or a timeout record).
+    Resolved(Value),
+    /// The attempt no longer holds the parent.
+    Fenced,
+    /// No function has this id.
+    UnknownFunction,
+}
+
+/// Starts (once) the child run of `function_id` for the parent's step `key`,
+/// with `input`, and suspends the parent until the child finishes (the
+/// `runs_child_finished` trigger stores the outcome and wakes the parent) or
+/// until `timeout_secs` after the child was created (None: no deadline). A
+/// child that already exists for this step is reused, never started twice (the
+/// unique index `runs_parent`). On timeout the timeout record is stored and
+/// the child is cancelled. All in one transaction, fenced on the parent.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn invoke(
+    pool: &PgPool,
+    run_id: Uuid,
+    epoch: i64,
+    key: &str,
+    function_id: &str,
+    input: &str,
+    timeout_secs: Option<f64>,
+) -> Result<InvokeOutcome, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let live: Option<Option<Value>> = sqlx::query_scalar(
+        "WITH l AS (SELECT id FROM durastep.runs WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
+                     FOR NO KEY UPDATE)
+         SELECT (SELECT s.output FROM durastep.step_results s WHERE s.run_id = $1 AND s.step_key = $3) FROM l",
+    )
+    .bind(run_id)
+    .bind(epoch)
+    .bind(key)
+    .fetch_optional(&mut *tx)
+    .await?;
+    match live {
+        None => return Ok(InvokeOutcome::Fenced),
+        Some(Some(stored)) => {
+            tx.commit().await?;
+            return Ok(InvokeOutcome::Resolved(stored));
+        }
+        Some(None) => {}
+    }
+    sqlx::query(
+        "WITH f AS (SELECT id, max_attempts FROM durastep.functions WHERE id = $3),
+         ev AS (
+             INSERT INTO durastep.events (id, name, payload, idempotency_key)
+             SELECT gen_random_uuid(), 'durastep/invoke:' || f.id, $4::jsonb, $1::text || ':' || $2 FROM f
+              WHERE NOT EXISTS (SELECT 1 FROM durastep.runs c WHERE c.parent_run_id = $1 AND c.parent_step_key = $2)
+             ON CONFLICT DO NOTHING
+             RETURNING id)
+         INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, parent_run_id, parent_step_key)
+         SELECT gen_random_uuid(), f.id, ev.id, 'queued', durastep.now(), f.max_attempts, $1, $2 FROM f, ev",
+    )
+    .bind(run_id)
+    .bind(key)
+    .bind(function_id)
+    .bind(input)
+    .execute(&mut *tx)
+    .await?;
+    let child: Option<(Uuid, DateTime<Utc>, bool)> = sqlx::query_as(
+        "SELECT c.id, d.at, d.at <= durastep.now()
+           FROM durastep.runs c,
+                LATERAL (SELECT CASE WHEN $3::float8 IS NULL THEN 'infinity'::timestamptz
+                                     ELSE c.created_at + make_interval(secs => $3) END AS at) d
+          WHERE c.parent_run_id = $1 AND c.parent_step_key = $2",
+    )
+    .bind(run_id)
+    .bind(key)
+    .bind(timeout_secs)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((child_id, deadline, due)) = child else {
+        return Ok(InvokeOutcome::UnknownFunction);
+    };
+    if due {
+        let stored: Value = sqlx::query_scalar(
+            "WITH ins AS (INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch)
+                          VALUES ($1, $2, $3::jsonb, $4) ON CONFLICT DO NOTHING RETURNING output)
+             SELECT coalesce((SELECT output FROM ins),
+                             (SELECT output FROM durastep.step_results WHERE run_id = $1 AND step_key = $2))",
+        )
+        .bind(run_id)
+        .bind(key)
+        .bind(WAIT_TIMED_OUT)
+        .bind(epoch)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE durastep.runs SET state = 'cancelled', cancel_reason = 'the parent stopped waiting (invoke timeout)',
+                    finished_at = durastep.now(), lease_expires_at = NULL, worker_id = NULL
+              WHERE id = $1 AND state NOT IN ('completed', 'failed', 'cancelled')",
+        )
+        .bind(child_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        return Ok(InvokeOutcome::Resolved(stored));
+    }
+    // The parent's row is locked by this transaction (the fencing read above).
+    sqlx::query(
+        "UPDATE durastep.runs SET state = 'waiting', run_at = $2, lease_expires_at = NULL, worker_id = NULL
+          WHERE id = $1",
+    )
+    .bind(run_id)
+    .bind(deadline)
+    .execute(&mut *tx)
+    .await?;
+    // The child may be new and due now.
+    sqlx::query("SELECT pg_notify('durastep_wakeup', '')").execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(InvokeOutcome::Suspended)
+}
+
 /// Gives a run back without counting the attempt (graceful shutdown).
 pub(crate) async fn release_run(pool: &PgPool, run_id: Uuid, epoch: i64) -> Result<bool, sqlx::Error> {
     let r = sqlx::query(
