@@ -103,3 +103,14 @@ CREATE TRIGGER runs_child_finished AFTER UPDATE OF state ON durastep.runs
                        AND NEW.state IN ('completed', 'failed', 'cancelled')
                        AND OLD.state NOT IN ('completed', 'failed', 'cancelled'))
     EXECUTE FUNCTION durastep.resume_parent();
+
+-- Timeouts (FunctionBuilder::start_timeout / finish_timeout), in seconds.
+ALTER TABLE durastep.functions ADD COLUMN start_timeout_secs float8, ADD COLUMN finish_timeout_secs float8;
+-- Per run, fixed at creation from its first due time: start_by (a run not
+-- started by then is cancelled instead: the claim and the reaper's sweep check
+-- it) and deadline_at (a run not finished by then is cancelled, running or not).
+ALTER TABLE durastep.runs ADD COLUMN start_by timestamptz, ADD COLUMN deadline_at timestamptz;
+CREATE INDEX runs_deadline ON durastep.runs (deadline_at)
+    WHERE deadline_at IS NOT NULL AND state IN ('queued', 'running', 'sleeping', 'waiting');
+CREATE INDEX runs_start_by ON durastep.runs (start_by)
+    WHERE start_by IS NOT NULL AND started_at IS NULL AND state = 'queued';

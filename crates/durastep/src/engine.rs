@@ -432,6 +432,8 @@ impl EngineBuilder {
                 max_attempts,
                 has_on_failure: f.on_failure.is_some(),
                 cancel_on: f.cancel_on_json(),
+                start_timeout_secs: f.start_timeout.map(|d| d.as_secs_f64()),
+                finish_timeout_secs: f.finish_timeout.map(|d| d.as_secs_f64()),
             });
             if let Some(handler) = f.on_failure {
                 let id = format!("{}/on-failure", f.id);
@@ -441,6 +443,8 @@ impl EngineBuilder {
                     max_attempts: 4,
                     has_on_failure: false,
                     cancel_on: "[]".into(),
+                    start_timeout_secs: None,
+                    finish_timeout_secs: None,
                 });
                 functions.insert(id, Registered { handler, backoff: Backoff::default(), schedule: None });
             }

@@ -151,6 +151,8 @@ pub struct Function {
     pub(crate) invalid: Vec<String>,
     pub(crate) schedule: Option<Schedule>,
     pub(crate) catch_up: CatchUp,
+    pub(crate) start_timeout: Option<Duration>,
+    pub(crate) finish_timeout: Option<Duration>,
 }
 
 /// One `cancel_on` rule: an event of this name cancels the runs whose own event
@@ -191,6 +193,8 @@ impl Function {
             invalid: Vec::new(),
             schedule: None,
             catch_up: CatchUp::default(),
+            start_timeout: None,
+            finish_timeout: None,
         }
     }
 
@@ -230,6 +234,8 @@ pub struct FunctionBuilder {
     invalid: Vec<String>,
     schedule: Option<Schedule>,
     catch_up: CatchUp,
+    start_timeout: Option<Duration>,
+    finish_timeout: Option<Duration>,
 }
 
 /// Splits a JSON pointer (RFC 6901: `""` is the whole document, `"/a/b"` is
@@ -288,6 +294,38 @@ impl FunctionBuilder {
     /// ```
     pub fn catch_up(mut self, policy: CatchUp) -> Self {
         self.catch_up = policy;
+        self
+    }
+
+    /// A run not started within `timeout` of its due time (its event's
+    /// `start_at`, or when it was sent) is cancelled instead of started, with
+    /// `cancel_reason` "start timeout: not started by <time>". It is checked by
+    /// the claim (such a run is never started) and by every worker's reaper pass
+    /// (`WorkerOptions::reap_interval`), by the database clock. Retries of a
+    /// run that did start are not affected.
+    ///
+    /// ```
+    /// // A budget push that could not start within 10 minutes is stale: drop it.
+    /// let b = durastep::Function::new("push").start_timeout(std::time::Duration::from_secs(600));
+    /// # let _ = b;
+    /// ```
+    pub fn start_timeout(mut self, timeout: Duration) -> Self {
+        self.start_timeout = Some(timeout);
+        self
+    }
+
+    /// A run not finished within `timeout` of its due time is cancelled, in
+    /// whatever state it is (queued, sleeping, waiting, or running: then it
+    /// stops at its next step boundary, as with [`crate::Engine::cancel`]), with
+    /// `cancel_reason` "finish timeout: not finished by <time>". Checked by
+    /// every worker's reaper pass and by the claim, by the database clock.
+    ///
+    /// ```
+    /// let b = durastep::Function::new("nightly-import").finish_timeout(std::time::Duration::from_secs(4 * 3600));
+    /// # let _ = b;
+    /// ```
+    pub fn finish_timeout(mut self, timeout: Duration) -> Self {
+        self.finish_timeout = Some(timeout);
         self
     }
 
@@ -398,6 +436,8 @@ impl FunctionBuilder {
             invalid: self.invalid,
             schedule: self.schedule,
             catch_up: self.catch_up,
+            start_timeout: self.start_timeout,
+            finish_timeout: self.finish_timeout,
         }
     }
 }

@@ -38,6 +38,8 @@ pub(crate) struct FunctionRow {
     pub has_on_failure: bool,
     /// `[{"event", "event_path", "run_path"}]`, as JSON text.
     pub cancel_on: String,
+    pub start_timeout_secs: Option<f64>,
+    pub finish_timeout_secs: Option<f64>,
 }
 
 /// Upserts function definitions (sorted by id, so concurrent starts cannot deadlock).
@@ -50,21 +52,28 @@ pub(crate) async fn register_functions(pool: &PgPool, rows: &mut [FunctionRow]) 
     let attempts: Vec<i32> = rows.iter().map(|r| r.max_attempts).collect();
     let on_failure: Vec<bool> = rows.iter().map(|r| r.has_on_failure).collect();
     let cancel_on: Vec<&str> = rows.iter().map(|r| r.cancel_on.as_str()).collect();
+    let start_timeouts: Vec<Option<f64>> = rows.iter().map(|r| r.start_timeout_secs).collect();
+    let finish_timeouts: Vec<Option<f64>> = rows.iter().map(|r| r.finish_timeout_secs).collect();
     sqlx::query(
-        "INSERT INTO durastep.functions (id, triggers, max_attempts, has_on_failure, cancel_on, updated_at)
+        "INSERT INTO durastep.functions (id, triggers, max_attempts, has_on_failure, cancel_on,
+                                         start_timeout_secs, finish_timeout_secs, updated_at)
          SELECT t.id, ARRAY(SELECT jsonb_array_elements_text(t.triggers::jsonb)), t.attempts, t.on_failure,
-                t.cancel_on::jsonb, now()
-           FROM unnest($1::text[], $2::text[], $3::int[], $4::bool[], $5::text[])
-                AS t(id, triggers, attempts, on_failure, cancel_on)
+                t.cancel_on::jsonb, t.start_timeout, t.finish_timeout, now()
+           FROM unnest($1::text[], $2::text[], $3::int[], $4::bool[], $5::text[], $6::float8[], $7::float8[])
+                AS t(id, triggers, attempts, on_failure, cancel_on, start_timeout, finish_timeout)
          ON CONFLICT (id) DO UPDATE
             SET triggers = EXCLUDED.triggers, max_attempts = EXCLUDED.max_attempts,
-                has_on_failure = EXCLUDED.has_on_failure, cancel_on = EXCLUDED.cancel_on, updated_at = now()",
+                has_on_failure = EXCLUDED.has_on_failure, cancel_on = EXCLUDED.cancel_on,
+                start_timeout_secs = EXCLUDED.start_timeout_secs,
+                finish_timeout_secs = EXCLUDED.finish_timeout_secs, updated_at = now()",
     )
     .bind(&ids)
     .bind(&triggers)
     .bind(&attempts)
     .bind(&on_failure)
     .bind(&cancel_on)
+    .bind(&start_timeouts)
+    .bind(&finish_timeouts)
     .execute(pool)
     .await?;
     Ok(())
@@ -236,9 +245,12 @@ pub(crate) async fn insert_events(
              ON CONFLICT DO NOTHING
              RETURNING id),
          r AS (
-             INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, priority)
+             INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, priority,
+                                        start_by, deadline_at)
              SELECT gen_random_uuid(), f.id, i.id, 'queued', coalesce(i.start_at, durastep.now()),
-                    f.max_attempts, i.priority
+                    f.max_attempts, i.priority,
+                    coalesce(i.start_at, durastep.now()) + make_interval(secs => f.start_timeout_secs),
+                    coalesce(i.start_at, durastep.now()) + make_interval(secs => f.finish_timeout_secs)
                FROM input i JOIN ev ON ev.id = i.id
                JOIN durastep.functions f ON f.triggers @> ARRAY[i.name]
              RETURNING id, event_id, run_at),
@@ -518,18 +530,29 @@ pub(crate) async fn claim_runnable(
 ) -> Result<Vec<ClaimedRun>, sqlx::Error> {
     let rows = sqlx::query(
         "WITH due AS (
-             SELECT id FROM durastep.runs
+             SELECT id, (started_at IS NULL AND start_by < durastep.now()) AS late,
+                    (deadline_at < durastep.now()) AS overdue
+               FROM durastep.runs
               WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
                 AND function_id = ANY ($1)
               ORDER BY priority DESC, run_at
               LIMIT $2
-              FOR UPDATE SKIP LOCKED)
+              FOR UPDATE SKIP LOCKED),
+         expired AS (
+             UPDATE durastep.runs x
+                SET state = 'cancelled', finished_at = durastep.now(),
+                    cancel_reason = CASE WHEN due.overdue THEN 'finish timeout: not finished by ' || x.deadline_at
+                                         ELSE 'start timeout: not started by ' || x.start_by END
+               FROM due WHERE x.id = due.id AND (due.late OR due.overdue)
+             RETURNING x.id),
+         gone AS (DELETE FROM durastep.waits w WHERE w.run_id IN (SELECT id FROM expired))
          UPDATE durastep.runs r
             SET state = 'running', lease_epoch = r.lease_epoch + 1,
                 lease_expires_at = durastep.now() + make_interval(secs => $3),
                 worker_id = $4, started_at = coalesce(r.started_at, durastep.now())
            FROM due, durastep.events e
           WHERE r.id = due.id AND e.id = r.event_id
+            AND NOT coalesce(due.late, false) AND NOT coalesce(due.overdue, false)
          RETURNING r.id, r.function_id, r.event_id, r.attempt, r.lease_epoch, e.payload,
                    durastep.now() AS db_now,
                    (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
@@ -633,6 +656,38 @@ pub(crate) async fn reap_expired(pool: &PgPool, seen: &[(Uuid, i64)]) -> Result<
     .bind(&epochs)
     .fetch_all(pool)
     .await
+}
+
+/// Cancels runs past their finish deadline (any unfinished state) or their
+/// start deadline (never started), skipping rows others hold; returns how many.
+/// A running run's attempt is then fenced like any cancelled run's.
+pub(crate) async fn expire_timeouts(pool: &PgPool, limit: i64) -> Result<u64, sqlx::Error> {
+    let n: i64 = sqlx::query_scalar(
+        "WITH c AS (
+             (SELECT id FROM durastep.runs
+               WHERE deadline_at < durastep.now() AND state IN ('queued', 'running', 'sleeping', 'waiting')
+               LIMIT $1)
+             UNION
+             (SELECT id FROM durastep.runs
+               WHERE start_by < durastep.now() AND started_at IS NULL AND state = 'queued' LIMIT $1)),
+         l AS (SELECT r.id FROM durastep.runs r JOIN c ON c.id = r.id
+                WHERE r.state IN ('queued', 'running', 'sleeping', 'waiting')
+                ORDER BY r.id FOR NO KEY UPDATE OF r SKIP LOCKED),
+         u AS (
+             UPDATE durastep.runs r
+                SET state = 'cancelled', finished_at = durastep.now(), lease_expires_at = NULL, worker_id = NULL,
+                    cancel_reason = CASE WHEN r.deadline_at < durastep.now()
+                                         THEN 'finish timeout: not finished by ' || r.deadline_at
+                                         ELSE 'start timeout: not started by ' || r.start_by END
+               FROM l WHERE r.id = l.id
+             RETURNING r.id),
+         d AS (DELETE FROM durastep.waits w WHERE w.run_id IN (SELECT id FROM u))
+         SELECT count(*) FROM u",
+    )
+    .bind(limit)
+    .fetch_one(pool)
+    .await?;
+    Ok(n as u64)
 }
 
 /// One pending write of the group commit.
@@ -880,15 +935,20 @@ pub(crate) async fn invoke(
         Some(None) => {}
     }
     sqlx::query(
-        "WITH f AS (SELECT id, max_attempts FROM durastep.functions WHERE id = $3),
+        "WITH f AS (SELECT id, max_attempts, start_timeout_secs, finish_timeout_secs
+                      FROM durastep.functions WHERE id = $3),
          ev AS (
              INSERT INTO durastep.events (id, name, payload, idempotency_key)
              SELECT gen_random_uuid(), 'durastep/invoke:' || f.id, $4::jsonb, $1::text || ':' || $2 FROM f
               WHERE NOT EXISTS (SELECT 1 FROM durastep.runs c WHERE c.parent_run_id = $1 AND c.parent_step_key = $2)
              ON CONFLICT DO NOTHING
              RETURNING id)
-         INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, parent_run_id, parent_step_key)
-         SELECT gen_random_uuid(), f.id, ev.id, 'queued', durastep.now(), f.max_attempts, $1, $2 FROM f, ev",
+         INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, parent_run_id, parent_step_key,
+                                    start_by, deadline_at)
+         SELECT gen_random_uuid(), f.id, ev.id, 'queued', durastep.now(), f.max_attempts, $1, $2,
+                durastep.now() + make_interval(secs => f.start_timeout_secs),
+                durastep.now() + make_interval(secs => f.finish_timeout_secs)
+           FROM f, ev",
     )
     .bind(run_id)
     .bind(key)

@@ -439,6 +439,10 @@ async fn reaper_loop(engine: Arc<EngineInner>, stop: CancellationToken) {
 
 /// One reaper pass; returns how many runs were taken back.
 pub(crate) async fn reap_once(pool: &sqlx::PgPool) -> Result<usize, Error> {
+    let timed_out = store::expire_timeouts(pool, 100).await.map_err(from_sqlx)?;
+    if timed_out > 0 {
+        tracing::info!(timed_out, "cancelled runs past their start or finish timeout");
+    }
     let seen = store::find_expired_leases(pool, 100).await.map_err(from_sqlx)?;
     if seen.is_empty() {
         return Ok(0);
