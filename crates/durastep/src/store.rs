@@ -212,10 +212,11 @@ pub(crate) async fn lock_topics(conn: &mut PgConnection, names: &[&str]) -> Resu
         .fetch_one(&mut *conn)
         .await?;
         if locked as usize == names.len() {
-            break;
+            return Ok(());
         }
     }
-    Ok(())
+    // Only if topic rows were deleted meanwhile: refuse rather than risk a lost wake-up.
+    Err(sqlx::Error::Protocol("durastep.topics rows for the sent event names could not be locked".into()))
 }
 
 /// Stores events and fans each out into one run per function it triggers, in one
