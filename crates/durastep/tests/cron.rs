@@ -247,3 +247,31 @@ async fn story_b_tiktok_push_wakes_after_utc_midnight(_p: PgPoolOptions, opts: P
     }
     w.stop().await;
 }
+
+/// Uniqueness does not rest on the tick's row lock alone: a tick that covers
+/// fire times already fired (the schedule's bookkeeping rewound by two hours,
+/// as if two ticks had computed the same window) sends them again, and they
+/// are duplicates (the idempotency key is the fire time): no second run.
+#[sqlx::test(migrations = false)]
+async fn a_repeated_tick_creates_no_second_run(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let engine =
+        common::engine(&opts, vec![cron_fn("hourly", "0 * * * *", chrono_tz::UTC, CatchUp::Each { max: 5 })]).await;
+    clock_to(&engine, utc(2027, 6, 1, 9, 30, 0)).await;
+    let w = common::spawn_worker(&engine);
+    ticked(&engine, "hourly").await;
+    clock_to(&engine, utc(2027, 6, 1, 11, 30, 0)).await;
+    ticked(&engine, "hourly").await;
+    assert_eq!(fired(&engine, "hourly").await, vec![utc(2027, 6, 1, 10, 0, 0), utc(2027, 6, 1, 11, 0, 0)]);
+    sqlx::query(
+        "UPDATE durastep.schedules SET last_tick_at = last_tick_at - interval '2 hours', next_fire_at = NULL
+          WHERE function_id = 'hourly'",
+    )
+    .execute(engine.pool())
+    .await
+    .unwrap();
+    ticked(&engine, "hourly").await;
+    w.stop().await;
+    assert_eq!(fired(&engine, "hourly").await, vec![utc(2027, 6, 1, 10, 0, 0), utc(2027, 6, 1, 11, 0, 0)]);
+    assert_eq!(common::count(&engine, "durastep.events WHERE name = 'durastep/cron:hourly'").await, 2);
+}
