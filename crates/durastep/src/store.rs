@@ -197,13 +197,19 @@ pub(crate) async fn lock_topics(conn: &mut PgConnection, names: &[&str]) -> Resu
     let mut names: Vec<&str> = names.to_vec();
     names.sort_unstable();
     names.dedup();
-    sqlx::query("INSERT INTO durastep.topics (name) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING")
-        .bind(&names)
-        .execute(&mut *conn)
-        .await?;
-    // A row another sender created concurrently is invisible to the statement
-    // that waited for it; a fresh statement sees it. Twice is always enough.
-    for _ in 0..3 {
+    // Usually every name has its row already: one statement. Otherwise the
+    // missing rows are created (this transaction then owns them, or waited
+    // for the concurrent sender that created them) and a fresh statement,
+    // whose snapshot sees them, locks them too. Three rounds always suffice.
+    for round in 0..3 {
+        if round > 0 {
+            sqlx::query(
+                "INSERT INTO durastep.topics (name) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING",
+            )
+            .bind(&names)
+            .execute(&mut *conn)
+            .await?;
+        }
         let locked: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM (SELECT name FROM durastep.topics WHERE name = ANY ($1)
                                     ORDER BY name FOR SHARE) t",
