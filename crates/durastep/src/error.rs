@@ -41,6 +41,14 @@ pub enum Error {
     /// No run has this id.
     #[error("no run with id {0}")]
     UnknownRun(uuid::Uuid),
+    /// The run has already finished (completed, failed or cancelled); it was left as it was.
+    #[error("run {run_id} has already finished ({state:?})")]
+    RunFinished {
+        /// The run.
+        run_id: uuid::Uuid,
+        /// The state it finished in.
+        state: crate::RunState,
+    },
 }
 
 impl Error {

@@ -121,6 +121,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         if opts.listen {
             background.push(tokio::spawn(listen_loop(engine.clone(), wake.clone(), stop_background.clone())));
         }
+        background.push(tokio::spawn(cron_loop(engine.clone(), stop_background.clone())));
 
         let slots = Arc::new(Semaphore::new(opts.max_in_flight.max(1)));
         let mut executors = tokio::task::JoinSet::new();
@@ -564,6 +565,10 @@ async fn reaper_loop(engine: Arc<EngineInner>, stop: CancellationToken) {
 
 /// One reaper pass; returns how many runs were taken back.
 pub(crate) async fn reap_once(pool: &sqlx::PgPool) -> Result<usize, Error> {
+    let timed_out = store::expire_timeouts(pool, 100).await.map_err(from_sqlx)?;
+    if timed_out > 0 {
+        tracing::info!(timed_out, "cancelled runs past their start or finish timeout");
+    }
     let seen = store::find_expired_leases(pool, 100).await.map_err(from_sqlx)?;
     if seen.is_empty() {
         return Ok(0);
@@ -617,4 +622,67 @@ async fn listen_loop(engine: Arc<EngineInner>, wake: Arc<Notify>, stop: Cancella
             }
         }
     }
+}
+
+/// Ticks the cron schedules of this worker's functions every poll interval.
+/// Every worker does this; the schedule row's lock and the fire-time
+/// idempotency keys make each fire time one run.
+async fn cron_loop(engine: Arc<EngineInner>, stop: CancellationToken) {
+    let mut ids: Vec<String> =
+        engine.functions.iter().filter(|(_, r)| r.schedule.is_some()).map(|(id, _)| id.clone()).collect();
+    if ids.is_empty() {
+        return;
+    }
+    ids.sort_unstable();
+    loop {
+        if let Err(e) = cron_tick(&engine, &ids).await {
+            tracing::warn!(error = %e, "cron tick failed; retrying at the next tick");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(engine.worker.poll_interval) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// One tick: for each due schedule (locked, skipping those another worker
+/// holds), sends one event per fire time since the last tick (the latest ones,
+/// up to the catch-up bound), keyed by the fire time, and records the tick.
+/// A never-ticked schedule is armed from now.
+async fn cron_tick(engine: &EngineInner, ids: &[String]) -> Result<usize, Error> {
+    let mut tx = engine.pool.begin().await.map_err(from_sqlx)?;
+    let due = store::lock_due_schedules(&mut tx, ids).await.map_err(from_sqlx)?;
+    if due.is_empty() {
+        return Ok(0);
+    }
+    let mut events = Vec::new();
+    for d in &due {
+        let Some((schedule, catch_up)) = engine.functions.get(&d.function_id).and_then(|r| r.schedule.as_ref()) else {
+            continue;
+        };
+        if let Some(last) = d.last_tick_at {
+            let mut fires = schedule.latest_in(last, d.db_now, catch_up.bound() as usize);
+            fires.reverse();
+            for at in fires {
+                let key = at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+                let event = crate::Event::new(
+                    crate::schedule::cron_event_name(&d.function_id),
+                    &crate::CronTick { scheduled_at: at },
+                )
+                .idempotency_key(key);
+                events.push(event.prepare(&engine.limits)?);
+            }
+        }
+        let next = schedule.next_after(d.db_now);
+        store::advance_schedule(&mut tx, &d.function_id, d.db_now, next).await.map_err(from_sqlx)?;
+    }
+    let fired = events.len();
+    if fired > 0 {
+        crate::engine::insert(&mut tx, &events).await?;
+    }
+    tx.commit().await.map_err(from_sqlx)?;
+    if fired > 0 {
+        tracing::info!(fired, "cron fire times sent");
+    }
+    Ok(fired)
 }
