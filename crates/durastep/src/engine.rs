@@ -23,6 +23,8 @@ use crate::worker::{self, WorkerOptions};
 pub(crate) struct Registered {
     pub handler: ErasedHandler,
     pub backoff: Backoff,
+    /// A retry-after failure pauses the run's back-pressure keys.
+    pub backpressure: bool,
 }
 
 pub(crate) struct EngineInner {
@@ -34,6 +36,9 @@ pub(crate) struct EngineInner {
     pub worker: WorkerOptions,
     /// Seals step outputs and run outputs at rest, when set.
     pub keyring: Option<Arc<Keyring>>,
+    /// Per event name, the (function, key pointer) pairs its data must carry for
+    /// the flow control of functions registered here: checked before any SQL.
+    pub key_checks: HashMap<String, Vec<(String, String)>>,
 }
 
 /// The handle to Durastep: sends events, runs workers, reads runs. Cheap to clone.
@@ -156,7 +161,22 @@ impl Engine {
     }
 
     fn prepare(&self, events: &[Event]) -> Result<Vec<store::NewEvent>, Error> {
-        events.iter().map(|e| e.prepare(&self.inner.limits).map_err(Error::from)).collect()
+        events
+            .iter()
+            .map(|e| {
+                let prepared = e.prepare(&self.inner.limits)?;
+                if let Some(checks) = self.inner.key_checks.get(e.name()) {
+                    // Refused here when this engine knows the function (so `send_in`
+                    // does not abort the caller's transaction); the insert checks again
+                    // for functions only other processes register.
+                    let payload: Value = serde_json::from_str(&prepared.payload).unwrap_or(Value::Null);
+                    if let Some((function, key)) = checks.iter().find(|(_, k)| !crate::flow::has_key(&payload, k)) {
+                        return Err(Error::MissingKey { function: function.clone(), key: key.clone() });
+                    }
+                }
+                Ok(prepared)
+            })
+            .collect()
     }
 
     /// Runs a worker until `shutdown` is cancelled, then stops claiming, lets
@@ -356,6 +376,9 @@ impl EngineBuilder {
     pub async fn build(self) -> Result<Engine, Error> {
         let mut functions = HashMap::new();
         let mut rows = Vec::new();
+        let mut flow = store::FlowRows { function_ids: Vec::new(), rules: Vec::new(), options: Vec::new() };
+        let mut key_checks: HashMap<String, Vec<(String, String)>> = HashMap::new();
+        let mut shared: HashMap<String, crate::flow::StoredRule> = HashMap::new();
         for f in self.functions {
             limits::check_function_id(&f.id, &self.limits)?;
             for t in &f.triggers {
@@ -364,6 +387,30 @@ impl EngineBuilder {
             if functions.contains_key(&f.id) {
                 return Err(Error::InvalidFunction(format!("two functions have the id {:?}", f.id)));
             }
+            let rules = crate::flow::resolve(&f.id, &f.flow, &self.limits)?;
+            for r in &rules {
+                let params = (r.kind, r.capacity, r.period_s, r.burst);
+                if let Some(other) = shared.get(&r.name)
+                    && (other.kind, other.capacity, other.period_s, other.burst) != params
+                {
+                    return Err(Error::InvalidFunction(format!(
+                        "the shared limit {:?} is declared with different settings by two functions",
+                        r.name
+                    )));
+                }
+                shared.insert(r.name.clone(), r.clone());
+            }
+            for key in f.flow.required_keys() {
+                for t in &f.triggers {
+                    key_checks.entry(t.clone()).or_default().push((f.id.clone(), key.clone()));
+                }
+            }
+            flow.function_ids.push(f.id.clone());
+            flow.rules.extend(rules.into_iter().map(|r| (f.id.clone(), r)));
+            if let Some(o) = crate::flow::StoredOptions::of(&f.flow) {
+                flow.options.push((f.id.clone(), o));
+            }
+            let backpressure = f.flow.has_backpressure();
             let max_attempts = i32::try_from(f.max_attempts).unwrap_or(i32::MAX);
             rows.push(store::FunctionRow {
                 id: f.id.clone(),
@@ -379,9 +426,10 @@ impl EngineBuilder {
                     max_attempts: 4,
                     has_on_failure: false,
                 });
-                functions.insert(id, Registered { handler, backoff: Backoff::default() });
+                flow.function_ids.push(id.clone());
+                functions.insert(id, Registered { handler, backoff: Backoff::default(), backpressure: false });
             }
-            functions.insert(f.id, Registered { handler: f.handler, backoff: f.backoff });
+            functions.insert(f.id, Registered { handler: f.handler, backoff: f.backoff, backpressure });
         }
 
         let (pool, control_pool) = match (self.pool, self.url) {
@@ -406,6 +454,7 @@ impl EngineBuilder {
             store::migrate(&pool).await?;
         }
         store::register_functions(&pool, &mut rows).await.map_err(from_sqlx)?;
+        store::register_flow(&pool, &flow).await.map_err(from_sqlx)?;
         Ok(Engine {
             inner: Arc::new(EngineInner {
                 pool,
@@ -414,6 +463,7 @@ impl EngineBuilder {
                 limits: self.limits,
                 worker: self.worker,
                 keyring: self.keyring.map(Arc::new),
+                key_checks,
             }),
         })
     }
@@ -462,6 +512,9 @@ pub enum RunState {
     Failed,
     /// Cancelled.
     Cancelled,
+    /// Not started, on purpose: over a rate limit, or refused by a singleton
+    /// key that already had an active run. `last_error` says why.
+    Skipped,
 }
 
 impl RunState {
@@ -471,7 +524,7 @@ impl RunState {
     /// assert!(durastep::RunState::Failed.is_finished());
     /// ```
     pub fn is_finished(self) -> bool {
-        matches!(self, RunState::Completed | RunState::Failed | RunState::Cancelled)
+        matches!(self, RunState::Completed | RunState::Failed | RunState::Cancelled | RunState::Skipped)
     }
 
     fn parse(s: &str) -> RunState {
@@ -481,6 +534,7 @@ impl RunState {
             "sleeping" => RunState::Sleeping,
             "completed" => RunState::Completed,
             "failed" => RunState::Failed,
+            "skipped" => RunState::Skipped,
             _ => RunState::Cancelled,
         }
     }
@@ -519,6 +573,8 @@ pub struct Run {
     pub created_at: DateTime<Utc>,
     /// When it finished.
     pub finished_at: Option<DateTime<Utc>>,
+    /// What a queued run waits for, when flow control parked it (`None` otherwise).
+    pub flow_wait: Option<crate::flow::FlowWait>,
 }
 
 impl From<store::RunRow> for Run {
@@ -535,6 +591,15 @@ impl From<store::RunRow> for Run {
             output: r.output,
             created_at: r.created_at,
             finished_at: r.finished_at,
+            flow_wait: match (r.park_rule, r.park_key, r.park_kind) {
+                (Some(rule), Some(key), Some(kind)) => Some(crate::flow::FlowWait {
+                    next_possible_start: (kind != "concurrency").then_some(r.run_at),
+                    rule,
+                    kind,
+                    key,
+                }),
+                _ => None,
+            },
         }
     }
 }

@@ -112,6 +112,7 @@ mod event;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
 mod failure;
+pub mod flow;
 mod function;
 pub mod limits;
 mod store;
@@ -124,6 +125,7 @@ pub use engine::{Engine, EngineBuilder, Run, RunState, migrate};
 pub use error::Error;
 pub use event::{Event, SendReceipt};
 pub use failure::{HandlerError, HandlerResult};
+pub use flow::{BACKPRESSURE_FREE_RETRIES, FlowWait, SingletonMode};
 pub use function::{Backoff, FailedRun, Function, FunctionBuilder};
 pub use limits::{LimitError, Limits};
 pub use worker::WorkerOptions;

@@ -132,7 +132,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             // The lease starts when the database runs the claim: count from before we send it.
             let claim_sent = Instant::now();
             let claimed = store::claim_runnable(&engine.pool, &functions, want as i64, opts.lease, worker_id).await;
-            let claimed = match claimed {
+            let (claimed, moved) = match claimed {
                 Ok(runs) => {
                     failures = 0;
                     runs
@@ -173,7 +173,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     slot_freed.notify_one();
                 });
             }
-            if got > 0 {
+            // Flow control parked, skipped or woke runs: more may be claimable now.
+            if got > 0 || moved > 0 {
                 continue;
             }
             let wait = match store::next_due_in(&engine.pool, &functions).await {
@@ -243,6 +244,8 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
             "function not registered in this worker",
             true,
             Duration::ZERO,
+            false,
+            0,
         )
         .await;
         return;
@@ -304,7 +307,7 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
         }
         match ending {
             Ending::Returned(output) => complete(engine, &this, &writer, output).await,
-            Ending::Failed(e) => fail(engine, &this, attempt, &function.backoff, e).await,
+            Ending::Failed(e) => fail(engine, &this, attempt, &function.backoff, function.backpressure, e).await,
             Ending::Stopped => {}
         }
     }
@@ -317,7 +320,7 @@ async fn complete(engine: &EngineInner, run: &RunRef, writer: &Writer, output: s
         Ok(t) => crate::codec::seal_text(engine.keyring.as_deref(), &crate::codec::output_aad(run.id), t),
         Err(e) => {
             let e = HandlerError::permanent(format!("run output refused: {e}"));
-            return fail(engine, run, 1, &crate::Backoff::default(), e).await;
+            return fail(engine, run, 1, &crate::Backoff::default(), false, e).await;
         }
     };
     crate::failpoint!("complete-before-commit");
@@ -334,11 +337,29 @@ struct RunRef {
     lease_epoch: i64,
 }
 
-async fn fail(engine: &EngineInner, run: &RunRef, attempt: u32, backoff: &crate::Backoff, e: HandlerError) {
+async fn fail(
+    engine: &EngineInner,
+    run: &RunRef,
+    attempt: u32,
+    backoff: &crate::Backoff,
+    backpressure: bool,
+    e: HandlerError,
+) {
     let delay = e.retry_after_delay().unwrap_or_else(|| backoff.delay(attempt));
+    let pause = backpressure && e.retry_after_delay().is_some() && !e.is_permanent();
     let mut tries = 0;
     loop {
-        match store::fail_attempt(&engine.pool, run.id, run.lease_epoch, e.message(), e.is_permanent(), delay).await {
+        let failed = store::fail_attempt(
+            &engine.pool,
+            run.id,
+            run.lease_epoch,
+            e.message(),
+            e.is_permanent(),
+            delay,
+            pause,
+            crate::flow::BACKPRESSURE_FREE_RETRIES,
+        );
+        match failed.await {
             Ok(Some(state)) => {
                 if state == "failed" {
                     tracing::warn!(error = %e, "run failed");
