@@ -78,7 +78,8 @@ mod wait;
 pub use cluster::{Cluster, KEEP_LOGS, READY_TIMEOUT};
 pub use error::{Error, Result};
 pub use functions::{
-    FiveSteps, FunctionSettings, SlowStep, five_steps_key, five_steps_oracle, five_steps_step_output, slow_step_oracle,
+    FiveSteps, FlowInput, FunctionSettings, SlowStep, five_steps_key, five_steps_oracle, five_steps_step_output,
+    slow_step_oracle,
 };
 pub use ledger::{Ledger, LedgerOptions};
 pub use process::{Signal, WorkerConfig, WorkerProcess};
