@@ -293,8 +293,17 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
                     tracing::warn!("attempt fenced: lease lost");
                     Ending::Stopped
                 }
-                // Every Ctx is gone: the handler has returned (or panicked).
-                Err(_) => ending_of((&mut handle).await),
+                // Every Ctx is gone: the handler has returned (or panicked), or
+                // it dropped its Ctx and goes on without one: keep watching the lease.
+                Err(_) => tokio::select! {
+                    biased;
+                    joined = &mut handle => ending_of(joined),
+                    _ = lost.cancelled() => {
+                        handle.abort();
+                        tracing::warn!("lease lost; handler dropped");
+                        Ending::Stopped
+                    }
+                },
             },
             _ = lost.cancelled() => {
                 handle.abort();
