@@ -146,38 +146,47 @@ END $$;
 -- statement (completed, failed, retried, suspended, released, reaped, cancelled):
 -- so it happens in the same transaction as, and only if, the fenced write that
 -- ended the attempt. Keys are locked in (rule, key) order, so releases cannot
--- deadlock one another; claims never wait on these rows (SKIP LOCKED). After each
--- decrement (a new snapshot: it sees every park committed by a claim that held the
--- row) the first parked runs of the key are woken, one per freed slot.
+-- deadlock one another; claims never wait on these rows (SKIP LOCKED). After the
+-- decrement, in a new statement (a new snapshot: it sees every park committed by a
+-- claim that held a row), the first parked runs of each key are woken, one per
+-- freed slot. Statements that free no slot return after one query over the
+-- transition tables.
 CREATE FUNCTION durastep.release_flow() RETURNS trigger
     LANGUAGE plpgsql AS $$
 DECLARE
-    k record;
-    woke boolean := false;
+    rules text[];
+    keys text[];
+    ns integer[];
 BEGIN
-    FOR k IN
-        SELECT h->>0 AS rule, h->>1 AS key, count(*)::integer AS n
-          FROM old_runs o
-          LEFT JOIN new_runs n ON n.id = o.id
-          CROSS JOIN LATERAL jsonb_array_elements(o.flow_held) AS h
-         WHERE o.state = 'running' AND o.flow_held IS NOT NULL
-           AND (n.id IS NULL OR n.state <> 'running' OR n.lease_epoch <> o.lease_epoch)
-         GROUP BY 1, 2
-         ORDER BY 1, 2
-    LOOP
-        UPDATE durastep.flow_keys SET in_use = greatest(in_use - k.n, 0)
-         WHERE rule = k.rule AND key = k.key;
-        UPDATE durastep.runs r SET run_at = durastep.now(), park_rule = NULL, park_key = NULL
-         WHERE r.id IN (SELECT w.id FROM durastep.runs w
-                         WHERE w.park_rule = k.rule AND w.park_key = k.key AND w.state = 'queued'
+    SELECT array_agg(x.rule ORDER BY x.rule, x.key), array_agg(x.key ORDER BY x.rule, x.key),
+           array_agg(x.n ORDER BY x.rule, x.key)
+      INTO rules, keys, ns
+      FROM (SELECT h->>0 AS rule, h->>1 AS key, count(*)::integer AS n
+              FROM old_runs o
+              LEFT JOIN new_runs n ON n.id = o.id
+              CROSS JOIN LATERAL jsonb_array_elements(o.flow_held) AS h
+             WHERE o.state = 'running' AND o.flow_held IS NOT NULL
+               AND (n.id IS NULL OR n.state <> 'running' OR n.lease_epoch <> o.lease_epoch)
+             GROUP BY 1, 2) x;
+    IF rules IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- Lock in (rule, key) order, waiting for a claim that holds a row.
+    PERFORM 1 FROM durastep.flow_keys f JOIN unnest(rules, keys) AS u(rule, key) ON f.rule = u.rule AND f.key = u.key
+      ORDER BY f.rule, f.key FOR UPDATE OF f;
+    UPDATE durastep.flow_keys f SET in_use = greatest(f.in_use - u.n, 0)
+      FROM unnest(rules, keys, ns) AS u(rule, key, n)
+     WHERE f.rule = u.rule AND f.key = u.key;
+    -- A new statement, so a new snapshot: it sees every park committed by a claim that held a row.
+    UPDATE durastep.runs r SET run_at = durastep.now(), park_rule = NULL, park_key = NULL
+     WHERE r.id IN (SELECT w.id FROM unnest(rules, keys, ns) AS u(rule, key, n)
+                    CROSS JOIN LATERAL (
+                        SELECT w.id FROM durastep.runs w
+                         WHERE w.park_rule = u.rule AND w.park_key = u.key AND w.state = 'queued'
                          ORDER BY w.priority DESC, w.created_at
-                         LIMIT k.n
-                         FOR UPDATE SKIP LOCKED);
-        IF FOUND THEN
-            woke := true;
-        END IF;
-    END LOOP;
-    IF woke THEN
+                         LIMIT u.n
+                         FOR UPDATE SKIP LOCKED) w);
+    IF FOUND THEN
         PERFORM pg_notify('durastep_wakeup', '');
     END IF;
     RETURN NULL;

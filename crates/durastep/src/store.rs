@@ -460,7 +460,8 @@ pub(crate) async fn claim_runnable(
                     horizon = CASE WHEN p.horizon IS NULL THEN f.horizon
                                    ELSE greatest(coalesce(f.horizon, p.horizon), p.horizon) END
                FROM per_key p, t
-              WHERE f.rule = p.rule AND f.key = p.key AND (p.n > 0 OR p.horizon IS NOT NULL)),
+              WHERE f.rule = p.rule AND f.key = p.key AND p.kind <> 'backpressure'
+                AND (p.n > 0 OR p.horizon IS NOT NULL)),
          claimed AS (
              UPDATE durastep.runs r
                 SET state = 'running', lease_epoch = r.lease_epoch + 1,
