@@ -10,6 +10,8 @@
 //! spread over 16 keys (the rate limit: one key per run, since GCRA without a
 //! burst starts one run per key per instant). Each configuration is measured `ROUNDS` times, in
 //! interleaved order; the table shows the best round, and the ratio to "off".
+//! "off-without-release-trigger" is "off" with the slot-release trigger
+//! disabled: what that trigger costs a function that has no flow control.
 //! Env `BENCH_FLOW_RUNS` changes the number of runs.
 
 use std::time::{Duration, Instant};
@@ -27,7 +29,7 @@ fn config(name: &str) -> Function {
     let id = format!("flow-{name}");
     let f = Function::new(&id).on_event(format!("bench/{id}"));
     let f = match name {
-        "off" => f,
+        "off" | "off-without-release-trigger" => f,
         "concurrency" => f.concurrency(100_000, Some("/k")),
         "concurrency-shared" => f.concurrency_shared("bench-shared", 100_000, None),
         "two-concurrency" => f.concurrency(100_000, Some("/k")).concurrency(100_000, None),
@@ -41,8 +43,9 @@ fn config(name: &str) -> Function {
     f.handler(|_ctx, _e: Value| async { Ok(()) })
 }
 
-const CONFIGS: [&str; 8] = [
+const CONFIGS: [&str; 9] = [
     "off",
+    "off-without-release-trigger",
     "concurrency",
     "concurrency-shared",
     "two-concurrency",
@@ -67,6 +70,22 @@ async fn drain(db: &BenchDb, name: &str, runs: usize) -> f64 {
     for chunk in events.chunks(200) {
         engine.send_batch(chunk.to_vec()).await.expect("send");
     }
+    // The cost the slot-release trigger adds to a function without flow control.
+    let toggle = |on: bool| {
+        let pool = engine.pool().clone();
+        async move {
+            let sql = if on {
+                "ALTER TABLE durastep.runs ENABLE TRIGGER runs_release_flow"
+            } else {
+                "ALTER TABLE durastep.runs DISABLE TRIGGER runs_release_flow"
+            };
+            sqlx::query(sql).execute(&pool).await.expect("toggle trigger");
+        }
+    };
+    let no_trigger = name == "off-without-release-trigger";
+    if no_trigger {
+        toggle(false).await;
+    }
     let shutdown = CancellationToken::new();
     let worker = {
         let (e, s) = (engine.clone(), shutdown.clone());
@@ -89,6 +108,9 @@ async fn drain(db: &BenchDb, name: &str, runs: usize) -> f64 {
     let took = started.elapsed();
     shutdown.cancel();
     worker.await.expect("worker task").expect("worker");
+    if no_trigger {
+        toggle(true).await;
+    }
     sqlx::query("DELETE FROM durastep.events WHERE name = $1")
         .bind(format!("bench/{id}"))
         .execute(engine.pool())
