@@ -85,7 +85,7 @@ async fn main() {
         "engine.send round trip alone".into(),
         ms(percentile(&send_rtt, 50.0)),
         ms(percentile(&send_rtt, 99.0)),
-        "insert event + run + NOTIFY, one statement".into(),
+        "BEGIN, topic-row lock, insert event + run + NOTIFY, COMMIT".into(),
     ]);
     t.row(vec![
         "raw NOTIFY -> LISTEN round trip (plain sqlx)".into(),

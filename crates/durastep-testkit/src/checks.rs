@@ -13,7 +13,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-use crate::functions::{self, FiveSteps, SlowStep};
+use crate::functions::{self, FiveSteps, Mixed, SlowStep};
 
 /// A run row as stored (the columns a durability test compares).
 ///
@@ -346,4 +346,189 @@ pub async fn max_overlap_per_key(
     .bind(crate::functions::FLOW_ATTEMPT_KEY)
     .fetch_all(pool)
     .await?)
+}
+
+/// A step body execution (ledger row) that started after its step's checkpoint
+/// was stored: what G2 forbids.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let late = durastep_testkit::checks::executions_after_checkpoint(&pool).await?;
+/// assert!(late.is_empty(), "stored steps ran again: {late:?}");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct LateExecution {
+    /// The run.
+    pub run_id: Uuid,
+    /// The step.
+    pub step_key: String,
+    /// The ledger row of the late execution.
+    pub ledger_id: i64,
+    /// The process that ran it.
+    pub pid: i32,
+    /// The run's lease epoch when the body started.
+    pub lease_epoch: Option<i64>,
+    /// When the body started.
+    pub started_at: DateTime<Utc>,
+    /// When the checkpoint row was written (its `created_at`).
+    pub stored_at: DateTime<Utc>,
+    /// The epoch that stored the checkpoint.
+    pub stored_epoch: i64,
+}
+
+/// Every step body execution that started after the checkpoint of its
+/// (run, step) was stored.
+///
+/// The definition, precisely: a ledger row `l` and the `step_results` row `s`
+/// of the same (run, step) with `l.started_at > s.created_at`. Both times are
+/// `clock_timestamp()` of the same server (the ledger insert is the body's
+/// first action; `created_at` is taken inside the checkpoint's statement, just
+/// before its commit), so no clock skew enters. An execution that started
+/// before the checkpoint was written, and was cut short or had its result
+/// refused, is not counted: that is the body-to-checkpoint window G1 allows.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// assert_eq!(durastep_testkit::checks::executions_after_checkpoint(&pool).await?.len(), 0);
+/// # Ok(()) }
+/// ```
+pub async fn executions_after_checkpoint(pool: &PgPool) -> Result<Vec<LateExecution>> {
+    Ok(sqlx::query_as(
+        "SELECT l.run_id, l.step_key, l.id AS ledger_id, l.pid, l.lease_epoch, l.started_at,
+                s.created_at AS stored_at, s.lease_epoch AS stored_epoch
+           FROM testkit_ledger l
+           JOIN durastep.step_results s ON s.run_id = l.run_id AND s.step_key = l.step_key
+          WHERE l.started_at > s.created_at
+          ORDER BY l.id",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Step body executions whose result was never stored by their own attempt,
+/// per process: `(pid, executions)`.
+///
+/// An execution is "unstored" when no `step_results` row of its (run, step)
+/// carries the lease epoch the ledger recorded when the body started (the
+/// attempt's epoch, for a worker that still held the run). These are the steps
+/// that were in flight when their process died or lost the run: the only
+/// executions G1 allows to be repeated.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// for (pid, n) in durastep_testkit::checks::unstored_executions_per_pid(&pool).await? {
+///     println!("pid {pid}: {n} executions lost before their checkpoint");
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn unstored_executions_per_pid(pool: &PgPool) -> Result<Vec<(i32, i64)>> {
+    Ok(sqlx::query_as(
+        "SELECT l.pid, count(*) FROM testkit_ledger l
+          WHERE NOT EXISTS (SELECT 1 FROM durastep.step_results s
+                             WHERE s.run_id = l.run_id AND s.step_key = l.step_key
+                               AND s.lease_epoch IS NOT DISTINCT FROM l.lease_epoch)
+          GROUP BY l.pid ORDER BY l.pid",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The given runs as stored now, by id (runs that do not exist are left out).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, ids: Vec<uuid::Uuid>) -> durastep_testkit::Result<()> {
+/// let before = durastep_testkit::checks::runs(&pool, &ids).await?;
+/// // ... a racing reaper ...
+/// assert_eq!(durastep_testkit::checks::runs(&pool, &ids).await?, before);
+/// # Ok(()) }
+/// ```
+pub async fn runs(pool: &PgPool, ids: &[Uuid]) -> Result<Vec<RunSnapshot>> {
+    Ok(sqlx::query_as(
+        "SELECT id, function_id, state, attempt, lease_epoch, output, last_error, finished_at, worker_id
+           FROM durastep.runs WHERE id = ANY ($1) ORDER BY id",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// How many of the given runs are in `state` now.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, ids: Vec<uuid::Uuid>) -> durastep_testkit::Result<()> {
+/// let running = durastep_testkit::checks::count_in_state(&pool, &ids, "running").await?;
+/// # let _ = running; Ok(()) }
+/// ```
+pub async fn count_in_state(pool: &PgPool, ids: &[Uuid], state: &str) -> Result<i64> {
+    Ok(sqlx::query_scalar("SELECT count(*) FROM durastep.runs WHERE id = ANY ($1) AND state = $2")
+        .bind(ids)
+        .bind(state)
+        .fetch_one(pool)
+        .await?)
+}
+
+/// Like [`five_steps_mismatches`], for the mixed runs: completed, output equal
+/// to [`functions::mixed_oracle`], the four step keys stored.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// assert!(durastep_testkit::checks::mixed_mismatches(&pool).await?.is_empty());
+/// # Ok(()) }
+/// ```
+pub async fn mixed_mismatches(pool: &PgPool) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for (id, state, output, payload, steps) in runs_with_steps(pool, functions::MIXED).await? {
+        let input: Mixed = match serde_json::from_value(payload) {
+            Ok(i) => i,
+            Err(e) => {
+                problems.push(format!("run {id}: input does not parse: {e}"));
+                continue;
+            }
+        };
+        if state != "completed" {
+            problems.push(format!("run {id}: state {state}"));
+        }
+        let want = Value::from(functions::mixed_oracle(input.n));
+        if output.as_ref() != Some(&want) {
+            problems.push(format!("run {id}: output {output:?}, oracle {want}"));
+        }
+        let mut keys: Vec<&String> = steps.as_object().map(|m| m.keys().collect()).unwrap_or_default();
+        keys.sort();
+        let mut want_keys: Vec<&str> = functions::MIXED_KEYS.to_vec();
+        want_keys.sort_unstable();
+        if keys != want_keys {
+            problems.push(format!("run {id}: stored steps {keys:?}"));
+        }
+    }
+    Ok(problems)
+}
+
+/// Whether the run is sleeping and not yet due by the database clock (a test
+/// may then move the clock to wake it; once due, it is not asleep any more).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, id: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// if durastep_testkit::checks::asleep(&pool, id).await? {
+///     // durastep_testkit::Cluster::advance_clock ...
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn asleep(pool: &PgPool, id: Uuid) -> Result<bool> {
+    Ok(state_and_asleep(pool, id).await?.1)
+}
+
+/// The run's state, and whether it is [`asleep`], in one query.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, id: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// let (state, asleep) = durastep_testkit::checks::state_and_asleep(&pool, id).await?;
+/// # let _ = (state, asleep); Ok(()) }
+/// ```
+pub async fn state_and_asleep(pool: &PgPool, id: Uuid) -> Result<(String, bool)> {
+    sqlx::query_as("SELECT state, state = 'sleeping' AND run_at > durastep.now() FROM durastep.runs WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await?
+        .ok_or_else(|| Error::Unexpected(format!("no run {id}")))
 }

@@ -10,7 +10,7 @@ use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-use crate::functions::{self, FiveSteps, FunctionSettings, SlowStep};
+use crate::functions::{self, FiveSteps, FunctionSettings, Mixed, Sleeper, SlowStep};
 use crate::ledger::{self, Ledger};
 use crate::process::{WorkerConfig, WorkerProcess};
 
@@ -281,6 +281,28 @@ impl Cluster {
     /// ```
     pub async fn send_events(&self, events: Vec<Event>) -> Result<Vec<Uuid>> {
         self.send_all(events).await
+    }
+
+    /// Sends one sleeper event per input; returns the run ids in input order.
+    ///
+    /// ```no_run
+    /// # async fn demo(c: &durastep_testkit::Cluster) -> durastep_testkit::Result<()> {
+    /// let runs = c.send_sleepers([durastep_testkit::Sleeper { n: 1, sleep_ms: 1_000 }]).await?;
+    /// # let _ = runs; Ok(()) }
+    /// ```
+    pub async fn send_sleepers(&self, inputs: impl IntoIterator<Item = Sleeper>) -> Result<Vec<Uuid>> {
+        self.send_all(inputs.into_iter().map(|i| i.event()).collect()).await
+    }
+
+    /// Sends one mixed event per input; returns their run ids, in order.
+    ///
+    /// ```no_run
+    /// # async fn demo(c: &durastep_testkit::Cluster) -> durastep_testkit::Result<()> {
+    /// let runs = c.send_mixed([durastep_testkit::Mixed { n: 1, delay_ms: None, nap_ms: None }]).await?;
+    /// # let _ = runs; Ok(()) }
+    /// ```
+    pub async fn send_mixed(&self, inputs: impl IntoIterator<Item = Mixed>) -> Result<Vec<Uuid>> {
+        self.send_all(inputs.into_iter().map(|i| i.event()).collect()).await
     }
 
     async fn send_all(&self, events: Vec<Event>) -> Result<Vec<Uuid>> {

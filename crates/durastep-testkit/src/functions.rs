@@ -1,7 +1,9 @@
 //! The standard test functions that every test worker registers, their inputs,
 //! and the oracles their outputs are checked against.
 //!
-//! Every step body records itself in the [`Ledger`] (start and end) and
+//! Every step body records itself in the [`Ledger`] (start and end); the
+//! `slow` step of [`SLOW_STEP`] also calls the external service
+//! ([`Ledger::external_call`]) with `ctx.idempotency_key()` + `":slow"`. Each body
 //! returns a deterministic function of the run's input and the previous step's
 //! (stored) output, so a wrong or corrupted stored result shows in the run output.
 
@@ -36,6 +38,21 @@ pub const FLOW_SHARED_EVENTS: [&str; 2] = ["testkit/flow-shared-a", "testkit/flo
 pub const FLOW_SHARED_LIMIT: &str = "testkit-exact-online";
 /// The ledger's step key for a flow function's attempt: its row spans the attempt.
 pub const FLOW_ATTEMPT_KEY: &str = "attempt";
+/// Id of the sleeper function: a step, a durable sleep, a step.
+pub const SLEEPER: &str = "sleeper";
+/// The event that starts a [`SLEEPER`] run (payload: [`Sleeper`]).
+pub const SLEEPER_EVENT: &str = "testkit/sleeper";
+/// Step keys of the sleeper function, in order (`nap` is the sleep's checkpoint,
+/// which stores `{"wake_at": ...}`).
+pub const SLEEPER_KEYS: [&str; 3] = ["before", "nap", "after"];
+/// Id of the mixed function: a step, a `step_tx`, a durable sleep, a step.
+pub const MIXED: &str = "mixed";
+/// The event that starts a [`MIXED`] run (payload: [`Mixed`]).
+pub const MIXED_EVENT: &str = "testkit/mixed";
+/// Step keys of the mixed function, in order (`nap` is the durable sleep).
+pub const MIXED_KEYS: [&str; 4] = ["one", "record", "nap", "two"];
+/// The mixed function's sleep unless the input says otherwise.
+pub const MIXED_NAP: Duration = Duration::from_millis(20);
 /// Attempts each test function gets: generous, so that fault suites can kill a
 /// run's worker many times without failing the run.
 pub const MAX_ATTEMPTS: u32 = 50;
@@ -133,6 +150,87 @@ impl FlowInput {
     }
 }
 
+/// Input of a [`SLEEPER`] run: step `before`, `ctx.sleep("nap", sleep_ms)`, step `after`.
+///
+/// ```
+/// let input = durastep_testkit::Sleeper { n: 1, sleep_ms: 1_500 };
+/// assert_eq!(durastep_testkit::sleeper_oracle(input.n), 3);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sleeper {
+    /// Seed of the run's output.
+    pub n: u64,
+    /// How long the durable sleep lasts (by the database clock).
+    pub sleep_ms: u64,
+}
+
+impl Sleeper {
+    /// The event that starts a run with this input.
+    ///
+    /// ```
+    /// let e = durastep_testkit::Sleeper { n: 1, sleep_ms: 10 }.event();
+    /// # let _ = e;
+    /// ```
+    pub fn event(&self) -> Event {
+        Event::new(SLEEPER_EVENT, self)
+    }
+}
+
+/// The output of a sleeper run with seed `n`.
+///
+/// ```
+/// assert_eq!(durastep_testkit::sleeper_oracle(10), 12);
+/// ```
+pub fn sleeper_oracle(n: u64) -> u64 {
+    n % MODULUS + 2
+}
+
+/// Input of a [`MIXED`] run: step `one` (sleeps `delay_ms`), step_tx `record`
+/// (writes one row of `testkit_tx_effects` in its transaction), sleep `nap`
+/// (`nap_ms`, default [`MIXED_NAP`]), step `two`. Every failpoint of the engine
+/// is on its path.
+///
+/// ```
+/// let m = durastep_testkit::Mixed { n: 4, delay_ms: None, nap_ms: None };
+/// assert_eq!(durastep_testkit::mixed_oracle(m.n), 42);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mixed {
+    /// Seed of the run's outputs.
+    pub n: u64,
+    /// Sleep in the body of step `one`, in ms (default none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    /// The durable sleep, in ms (default [`MIXED_NAP`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nap_ms: Option<u64>,
+}
+
+impl Mixed {
+    /// The event that starts a run with this input.
+    ///
+    /// ```
+    /// let e = durastep_testkit::Mixed { n: 1, delay_ms: None, nap_ms: None }.event();
+    /// # let _ = e;
+    /// ```
+    pub fn event(&self) -> Event {
+        Event::new(MIXED_EVENT, self)
+    }
+}
+
+/// The output of a mixed run with seed `n`.
+///
+/// ```
+/// assert_eq!(durastep_testkit::mixed_oracle(0), 2);
+/// ```
+pub fn mixed_oracle(n: u64) -> u64 {
+    (mixed_one(n) + 1) * 2
+}
+
+fn mixed_one(n: u64) -> u64 {
+    n % MODULUS * 5
+}
+
 /// Worker-wide defaults of the test functions.
 ///
 /// ```
@@ -223,6 +321,8 @@ pub fn all(settings: FunctionSettings, ledger: &Ledger) -> Vec<Function> {
         flow(FLOW_SHARED[1], FLOW_SHARED_EVENTS[1], ledger.clone())
             .concurrency_shared(FLOW_SHARED_LIMIT, 1, None)
             .handler(flow_handler(ledger.clone())),
+        sleeper(ledger.clone()),
+        mixed(ledger.clone()),
     ]
 }
 
@@ -291,14 +391,81 @@ fn slow_step(settings: FunctionSettings, ledger: Ledger) -> Function {
             async move {
                 let sleep = input.sleep_ms.map_or(settings.slow_step, Duration::from_millis);
                 let (c, l) = (ctx.clone(), ledger.clone());
+                // The slow step calls an external service with the run's idempotency key.
                 let slow: u64 = ctx
-                    .step("slow", || async move { recorded(&c, &l, "slow", sleep, slow_output(input.n)).await })
+                    .step("slow", || async move {
+                        let row = l.begin(c.run_id(), "slow", c.attempt()).await?;
+                        if !sleep.is_zero() {
+                            tokio::time::sleep(sleep).await;
+                        }
+                        l.external_call(&format!("{}:slow", c.idempotency_key()), c.run_id(), "slow").await?;
+                        l.end(row).await?;
+                        Ok(slow_output(input.n))
+                    })
                     .await?;
                 let (c, l) = (ctx.clone(), ledger.clone());
                 let after: u64 = ctx
                     .step("after", || async move { recorded(&c, &l, "after", Duration::ZERO, slow + 1).await })
                     .await?;
                 Ok(after)
+            }
+        })
+}
+
+fn sleeper(ledger: Ledger) -> Function {
+    Function::new(SLEEPER)
+        .on_event(SLEEPER_EVENT)
+        .retries(MAX_ATTEMPTS - 1)
+        .backoff(Backoff::Fixed(Duration::from_millis(50)))
+        .handler(move |ctx: Ctx, input: Sleeper| {
+            let ledger = ledger.clone();
+            async move {
+                let (c, l) = (ctx.clone(), ledger.clone());
+                let before: u64 = ctx
+                    .step("before", || async move {
+                        recorded(&c, &l, "before", Duration::ZERO, input.n % MODULUS + 1).await
+                    })
+                    .await?;
+                ctx.sleep("nap", Duration::from_millis(input.sleep_ms)).await?;
+                let (c, l) = (ctx.clone(), ledger.clone());
+                let after: u64 = ctx
+                    .step("after", || async move { recorded(&c, &l, "after", Duration::ZERO, before + 1).await })
+                    .await?;
+                Ok(after)
+            }
+        })
+}
+
+fn mixed(ledger: Ledger) -> Function {
+    Function::new(MIXED)
+        .on_event(MIXED_EVENT)
+        .retries(MAX_ATTEMPTS - 1)
+        .backoff(Backoff::Fixed(Duration::from_millis(10)))
+        .handler(move |ctx: Ctx, input: Mixed| {
+            let ledger = ledger.clone();
+            async move {
+                let delay = Duration::from_millis(input.delay_ms.unwrap_or(0));
+                let (c, l) = (ctx.clone(), ledger.clone());
+                let one: u64 =
+                    ctx.step("one", || async move { recorded(&c, &l, "one", delay, mixed_one(input.n)).await }).await?;
+                let (c, l) = (ctx.clone(), ledger.clone());
+                let record: u64 = ctx
+                    .step_tx("record", move |conn| {
+                        Box::pin(async move {
+                            let row = l.begin(c.run_id(), "record", c.attempt()).await?;
+                            l.tx_effect(conn, c.run_id()).await?;
+                            l.end(row).await?;
+                            Ok(one + 1)
+                        })
+                    })
+                    .await?;
+                let nap = input.nap_ms.map_or(MIXED_NAP, Duration::from_millis);
+                ctx.sleep("nap", nap).await?;
+                let (c, l) = (ctx.clone(), ledger.clone());
+                let two: u64 = ctx
+                    .step("two", || async move { recorded(&c, &l, "two", Duration::ZERO, record * 2).await })
+                    .await?;
+                Ok(two)
             }
         })
 }

@@ -36,9 +36,30 @@ const CREATE: &str = "CREATE TABLE IF NOT EXISTS testkit_ledger (
     pid         integer NOT NULL,
     worker      text NOT NULL,
     started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
-    ended_at    timestamptz
+    ended_at    timestamptz,
+    -- The worker's own wall clock when the body started (the database's
+    -- started_at is when the INSERT ran, which a slow network can delay).
+    worker_clock timestamptz
 );
-CREATE INDEX IF NOT EXISTS testkit_ledger_run_step ON testkit_ledger (run_id, step_key)";
+CREATE INDEX IF NOT EXISTS testkit_ledger_run_step ON testkit_ledger (run_id, step_key);
+-- Rows written by the `record` step_tx of the mixed function, inside its
+-- transaction: G3 says exactly one per run.
+CREATE TABLE IF NOT EXISTS testkit_tx_effects (
+    id         bigserial PRIMARY KEY,
+    run_id     uuid NOT NULL,
+    pid        integer NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+-- A model of an external service that honours idempotency keys (a payment API):
+-- one row per key, however often it is called with that key.
+CREATE TABLE IF NOT EXISTS testkit_external (
+    idempotency_key text PRIMARY KEY,
+    run_id          uuid NOT NULL,
+    step_key        text NOT NULL,
+    calls           integer NOT NULL DEFAULT 1,
+    first_pid       integer NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp()
+)";
 
 /// Creates the ledger table if it is missing. Safe to call from many processes
 /// at once (an advisory lock serialises the `CREATE`s).
@@ -140,8 +161,8 @@ impl Ledger {
     /// ```
     pub async fn begin(&self, run_id: Uuid, step_key: &str, attempt: u32) -> Result<i64> {
         let id = sqlx::query_scalar(
-            "INSERT INTO testkit_ledger (run_id, step_key, attempt, lease_epoch, pid, worker)
-             SELECT $1, $2, $3, (SELECT lease_epoch FROM durastep.runs WHERE id = $1), $4, $5
+            "INSERT INTO testkit_ledger (run_id, step_key, attempt, lease_epoch, pid, worker, worker_clock)
+             SELECT $1, $2, $3, (SELECT lease_epoch FROM durastep.runs WHERE id = $1), $4, $5, $6
              RETURNING id",
         )
         .bind(run_id)
@@ -149,6 +170,7 @@ impl Ledger {
         .bind(i32::try_from(attempt).unwrap_or(i32::MAX))
         .bind(self.pid)
         .bind(&self.worker)
+        .bind(Utc::now())
         .fetch_one(&self.pool)
         .await?;
         Ok(id)
@@ -168,6 +190,102 @@ impl Ledger {
             .await?;
         Ok(())
     }
+}
+
+impl Ledger {
+    /// Calls the external service: a write keyed by `idempotency_key` that
+    /// happens once per key (later calls with the same key only count). Returns
+    /// true when this call made the write.
+    ///
+    /// ```no_run
+    /// # async fn demo(ledger: durastep_testkit::Ledger, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+    /// let wrote = ledger.external_call(&format!("{run}:slow"), run, "slow").await?;
+    /// # let _ = wrote; Ok(()) }
+    /// ```
+    pub async fn external_call(&self, idempotency_key: &str, run_id: Uuid, step_key: &str) -> Result<bool> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO testkit_external (idempotency_key, run_id, step_key, first_pid) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (idempotency_key) DO UPDATE SET calls = testkit_external.calls + 1
+             RETURNING calls = 1",
+        )
+        .bind(idempotency_key)
+        .bind(run_id)
+        .bind(step_key)
+        .bind(self.pid)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+}
+
+impl Ledger {
+    /// Inside a `step_tx` body: writes the run's transactional effect on the
+    /// step's own connection (it commits or rolls back with the checkpoint).
+    ///
+    /// ```no_run
+    /// # async fn demo(ledger: durastep_testkit::Ledger, conn: &mut sqlx::PgConnection, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+    /// ledger.tx_effect(conn, run).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn tx_effect(&self, conn: &mut sqlx::PgConnection, run_id: Uuid) -> Result<()> {
+        sqlx::query("INSERT INTO testkit_tx_effects (run_id, pid) VALUES ($1, $2)")
+            .bind(run_id)
+            .bind(self.pid)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Transactional effects per run: `(run, rows)` for every run with a row.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let per_run = durastep_testkit::ledger::tx_effects_per_run(&pool).await?;
+/// assert!(per_run.values().all(|&n| n == 1));
+/// # Ok(()) }
+/// ```
+pub async fn tx_effects_per_run(pool: &PgPool) -> Result<HashMap<Uuid, i64>> {
+    let rows: Vec<(Uuid, i64)> =
+        sqlx::query_as("SELECT run_id, count(*) FROM testkit_tx_effects GROUP BY run_id").fetch_all(pool).await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// What the external service saw ([`Ledger::external_call`]).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let s = durastep_testkit::ledger::external_summary(&pool).await?;
+/// assert_eq!(s.duplicates, 0, "{s:?}");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExternalSummary {
+    /// Calls received, over all keys.
+    pub calls: i64,
+    /// Writes made (distinct keys).
+    pub writes: i64,
+    /// Calls absorbed by an existing key (`calls - writes`).
+    pub deduplicated: i64,
+    /// Writes beyond the first for one (run, step): the key was not stable
+    /// across attempts, so the service wrote twice.
+    pub duplicates: i64,
+}
+
+/// Computes the [`ExternalSummary`] in one query.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// println!("{:?}", durastep_testkit::ledger::external_summary(&pool).await?);
+/// # Ok(()) }
+/// ```
+pub async fn external_summary(pool: &PgPool) -> Result<ExternalSummary> {
+    let (calls, writes, duplicates): (i64, i64, i64) = sqlx::query_as(
+        "SELECT coalesce(sum(calls), 0)::bigint, count(*), count(*) - count(DISTINCT (run_id, step_key))
+           FROM testkit_external",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(ExternalSummary { calls, writes, deduplicated: calls - writes, duplicates })
 }
 
 /// One execution of a step body, as the ledger saw it.
@@ -199,6 +317,9 @@ pub struct Execution {
     pub started_at: DateTime<Utc>,
     /// When it finished; `None` if it never did (killed, or dropped mid-body).
     pub ended_at: Option<DateTime<Utc>>,
+    /// The worker's own wall clock when the body started (`started_at` is
+    /// when the database ran the ledger INSERT, later if the network was slow or cut).
+    pub worker_clock: Option<DateTime<Utc>>,
 }
 
 /// Every execution of one run, in start order.
@@ -211,7 +332,7 @@ pub struct Execution {
 /// ```
 pub async fn executions_of_run(pool: &PgPool, run_id: Uuid) -> Result<Vec<Execution>> {
     Ok(sqlx::query_as(
-        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at
+        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at, worker_clock
            FROM testkit_ledger WHERE run_id = $1 ORDER BY id",
     )
     .bind(run_id)
@@ -229,7 +350,7 @@ pub async fn executions_of_run(pool: &PgPool, run_id: Uuid) -> Result<Vec<Execut
 /// ```
 pub async fn executions_of_step(pool: &PgPool, run_id: Uuid, step_key: &str) -> Result<Vec<Execution>> {
     Ok(sqlx::query_as(
-        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at
+        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at, worker_clock
            FROM testkit_ledger WHERE run_id = $1 AND step_key = $2 ORDER BY id",
     )
     .bind(run_id)
@@ -261,7 +382,7 @@ pub async fn high_water(pool: &PgPool) -> Result<i64> {
 /// ```
 pub async fn executions_since(pool: &PgPool, mark: i64) -> Result<Vec<Execution>> {
     Ok(sqlx::query_as(
-        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at
+        "SELECT id, run_id, step_key, attempt, lease_epoch, pid, worker, started_at, ended_at, worker_clock
            FROM testkit_ledger WHERE id > $1 ORDER BY id",
     )
     .bind(mark)
@@ -362,4 +483,100 @@ pub async fn executions_per_pid(pool: &PgPool) -> Result<Vec<(i32, String, i64)>
     Ok(sqlx::query_as("SELECT pid, min(worker), count(*) FROM testkit_ledger GROUP BY pid ORDER BY pid")
         .fetch_all(pool)
         .await?)
+}
+
+/// Executions that started (by their worker's clock, else the database's)
+/// after their step's result was stored: a stored step run again, which G2
+/// forbids. Reads `durastep.step_results` (never writes it).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let again = durastep_testkit::ledger::started_after_stored(&pool).await?;
+/// assert!(again.is_empty(), "{again:?}");
+/// # Ok(()) }
+/// ```
+pub async fn started_after_stored(pool: &PgPool) -> Result<Vec<Execution>> {
+    Ok(sqlx::query_as(
+        "SELECT l.id, l.run_id, l.step_key, l.attempt, l.lease_epoch, l.pid, l.worker, l.started_at, l.ended_at,
+                l.worker_clock
+           FROM testkit_ledger l
+           JOIN durastep.step_results s ON s.run_id = l.run_id AND s.step_key = l.step_key
+          WHERE coalesce(l.worker_clock, l.started_at) > s.created_at
+          ORDER BY l.id",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Every execution, in start order.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let all = durastep_testkit::ledger::executions(&pool).await?;
+/// # let _ = all; Ok(()) }
+/// ```
+pub async fn executions(pool: &PgPool) -> Result<Vec<Execution>> {
+    executions_since(pool, 0).await
+}
+
+/// A sleeper run's wake-up, as the database saw it: the wake time its `nap`
+/// checkpoint stores, and when (database clock: the ledger's `started_at`
+/// plus the test clock offset) the body of its `after` step started.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// for w in durastep_testkit::ledger::wake_ups(&pool).await? {
+///     assert!(w.resumed_at >= w.wake_at, "{w:?}");
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct WakeUp {
+    /// The run.
+    pub run_id: Uuid,
+    /// The stored wake time.
+    pub wake_at: DateTime<Utc>,
+    /// When the `after` step's body started, by the database clock.
+    pub resumed_at: DateTime<Utc>,
+    /// The worker that ran it.
+    pub worker: String,
+    /// Its wall clock then (skewed, in a clock-skew test).
+    pub worker_clock: Option<DateTime<Utc>>,
+    /// The sleep asked for (`Sleeper::sleep_ms`).
+    pub sleep_ms: i64,
+    /// The earliest end of a `before` body (database clock): the sleep was
+    /// called after it.
+    pub before_ended_at: Option<DateTime<Utc>>,
+    /// When the `nap` checkpoint was stored (database clock): the sleep was
+    /// called before it.
+    pub armed_at: DateTime<Utc>,
+}
+
+/// Every execution of a sleeper run's `after` step with its run's stored wake
+/// time. Reads `durastep.step_results`, `runs`, `events` and `clock` (never writes them).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let early = durastep_testkit::ledger::wake_ups(&pool).await?.into_iter().filter(|w| w.resumed_at < w.wake_at).count();
+/// assert_eq!(early, 0);
+/// # Ok(()) }
+/// ```
+pub async fn wake_ups(pool: &PgPool) -> Result<Vec<WakeUp>> {
+    Ok(sqlx::query_as(
+        "SELECT l.run_id, (s.output->>'wake_at')::timestamptz AS wake_at,
+                l.started_at + c.offset_by AS resumed_at, l.worker, l.worker_clock,
+                (e.payload->>'sleep_ms')::bigint AS sleep_ms,
+                (SELECT min(b.ended_at) + c.offset_by FROM testkit_ledger b
+                  WHERE b.run_id = l.run_id AND b.step_key = 'before') AS before_ended_at,
+                s.created_at + c.offset_by AS armed_at
+           FROM testkit_ledger l
+           JOIN durastep.step_results s ON s.run_id = l.run_id AND s.step_key = 'nap'
+           JOIN durastep.runs r ON r.id = l.run_id
+           JOIN durastep.events e ON e.id = r.event_id
+          CROSS JOIN durastep.clock c
+          WHERE l.step_key = 'after'
+          ORDER BY l.id",
+    )
+    .fetch_all(pool)
+    .await?)
 }

@@ -10,14 +10,25 @@
 //!   SIGSTOP/SIGCONT ([`WorkerProcess::pause`], [`WorkerProcess::resume`]) and
 //!   SIGTERM ([`WorkerProcess::terminate`]); [`Cluster::restart`] replaces a
 //!   worker by a fresh process. Failpoints go in [`WorkerConfig::failpoints`]
-//!   (the `DURASTEP_FAILPOINTS` syntax of `durastep::failpoints`).
-//! - **Test functions** ([`functions`]): `five-steps` and `slow-step`, whose
+//!   (the `DURASTEP_FAILPOINTS` syntax of `durastep::failpoints`), or are set
+//!   in a live process with [`WorkerProcess::set_failpoint`] (over its stdin);
+//!   [`WorkerProcess::failpoint_fired`] counts the firings.
+//! - **Test functions** ([`functions`]): `five-steps`, `slow-step`,
+//!   `sleeper` (a step, a durable sleep, a step) and `mixed` (a step, a
+//!   `step_tx`, a durable sleep, a step), whose
 //!   outputs are deterministic functions of their input (the oracles), and
 //!   whose step bodies record each execution in the **ledger**.
 //! - **Ledger** ([`ledger`]): one row per execution of a step body, written on
 //!   its own connection, outside the checkpoint: what the outside world saw.
 //! - **Checks** ([`checks`]) over `durastep.runs` / `durastep.step_results`,
 //!   and **waiting** on conditions with deadlines ([`wait_for`]).
+//! - **Network faults** ([`proxy`]): a TCP proxy between workers and Postgres
+//!   (pass, reset every socket, black-hole, added latency, one listener per
+//!   worker to cut one alone, and a cut right after a commit's reply).
+//! - **A throwaway Postgres** ([`pg::TempPostgres`]): its own cluster on a
+//!   free port, for tests that restart or crash the server.
+//! - **Tiers and seeds** ([`tier`]): `DURASTEP_SOAK=1` scales a suite up;
+//!   randomized tests print their seed and replay `DURASTEP_SEED`.
 //!
 //! ```no_run
 //! use durastep_testkit::{Cluster, FiveSteps, WorkerConfig, checks, ledger};
@@ -72,14 +83,17 @@ mod cluster;
 mod error;
 pub mod functions;
 pub mod ledger;
+pub mod pg;
 pub mod process;
+pub mod proxy;
+pub mod tier;
 mod wait;
 
 pub use cluster::{Cluster, KEEP_LOGS, READY_TIMEOUT};
 pub use error::{Error, Result};
 pub use functions::{
-    FiveSteps, FlowInput, FunctionSettings, SlowStep, five_steps_key, five_steps_oracle, five_steps_step_output,
-    slow_step_oracle,
+    FiveSteps, FlowInput, FunctionSettings, Mixed, Sleeper, SlowStep, five_steps_key, five_steps_oracle,
+    five_steps_step_output, mixed_oracle, sleeper_oracle, slow_step_oracle,
 };
 pub use ledger::{Ledger, LedgerOptions};
 pub use process::{Signal, WorkerConfig, WorkerProcess};

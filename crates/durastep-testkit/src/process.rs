@@ -64,6 +64,10 @@ pub struct WorkerConfig {
     pub log_filter: Option<String>,
     /// More environment variables for the process.
     pub env: Vec<(String, String)>,
+    /// The database URL this worker uses instead of the cluster's (say,
+    /// through a [`crate::proxy::Proxy`] listener of its own). The harness's
+    /// own pool keeps the cluster's URL.
+    pub database_url: Option<String>,
 }
 
 impl Default for WorkerConfig {
@@ -85,6 +89,7 @@ impl Default for WorkerConfig {
             failpoints: None,
             log_filter: None,
             env: Vec::new(),
+            database_url: None,
         }
     }
 }
@@ -99,6 +104,18 @@ impl WorkerConfig {
     #[must_use]
     pub fn failpoints(mut self, spec: impl Into<String>) -> Self {
         self.failpoints = Some(spec.into());
+        self
+    }
+
+    /// Sets [`WorkerConfig::database_url`].
+    ///
+    /// ```
+    /// let c = durastep_testkit::WorkerConfig::default().database_url("postgres://postgres@127.0.0.1:40001/t1");
+    /// assert!(c.database_url.is_some());
+    /// ```
+    #[must_use]
+    pub fn database_url(mut self, url: impl Into<String>) -> Self {
+        self.database_url = Some(url.into());
         self
     }
 
@@ -199,7 +216,9 @@ pub struct WorkerProcess {
     child: Child,
     /// Held open for the process's life: the worker exits when it closes, so a
     /// test binary that dies (or times out) leaves no worker behind.
-    _stdin: Option<ChildStdin>,
+    stdin: Option<ChildStdin>,
+    /// Sequence number of the last stdin command.
+    commands: u64,
     exit: Option<ExitStatus>,
     stdout_path: PathBuf,
     stderr_path: PathBuf,
@@ -232,7 +251,7 @@ impl WorkerProcess {
         let mut cmd = Command::new(bin);
         cmd.args(config.args())
             .arg(format!("--label={label}"))
-            .arg(format!("--database-url={url}"))
+            .arg(format!("--database-url={}", config.database_url.as_deref().unwrap_or(url)))
             .arg("--exit-on-stdin-eof")
             .env_remove("DATABASE_URL")
             .stdin(Stdio::piped())
@@ -260,7 +279,8 @@ impl WorkerProcess {
             config,
             pid,
             child,
-            _stdin: stdin,
+            stdin,
+            commands: 0,
             exit: None,
             stdout_path,
             stderr_path,
@@ -321,6 +341,29 @@ impl WorkerProcess {
         let log = self.log();
         let all: Vec<&str> = log.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// The lines of its log that contain `needle`, with the timestamp each
+    /// line starts with (the worker's wall clock, as `tracing` prints it);
+    /// lines without a readable timestamp are left out.
+    ///
+    /// ```no_run
+    /// # fn demo(w: &durastep_testkit::WorkerProcess) {
+    /// for (at, line) in w.log_events("lease not extended in time") {
+    ///     println!("{at}: {line}");
+    /// }
+    /// # }
+    /// ```
+    pub fn log_events(&self, needle: &str) -> Vec<(chrono::DateTime<chrono::Utc>, String)> {
+        self.log()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .filter_map(|l| {
+                let stamp = l.split_whitespace().next()?;
+                let at = chrono::DateTime::parse_from_rfc3339(stamp).ok()?.with_timezone(&chrono::Utc);
+                Some((at, l.to_owned()))
+            })
+            .collect()
     }
 
     /// Waits until the worker printed "ready" (engine built, functions
@@ -384,6 +427,58 @@ impl WorkerProcess {
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    /// Sets a failpoint in the running process (`name`, and an action in the
+    /// `DURASTEP_FAILPOINTS` syntax: `exit`, `2*panic`, `error`, `block`, `off`
+    /// ...), and waits until the process confirms it is in force. Hit counts
+    /// start again from zero.
+    ///
+    /// ```no_run
+    /// # async fn demo(mut w: durastep_testkit::WorkerProcess) -> durastep_testkit::Result<()> {
+    /// w.set_failpoint("step-after-body", "1*exit").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn set_failpoint(&mut self, name: &str, action: &str) -> Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.commands += 1;
+        let seq = self.commands;
+        let line = format!("failpoint {seq} {name}={action}\n");
+        let context = format!("writing to the stdin of {}", self.label);
+        let stdin =
+            self.stdin.as_mut().ok_or_else(|| Error::NotRunning { label: self.label.clone(), pid: self.pid })?;
+        stdin.write_all(line.as_bytes()).await.map_err(io(context.clone()))?;
+        stdin.flush().await.map_err(io(context))?;
+        let answer = format!("failpoint-set {seq}");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = std::fs::read_to_string(&self.stdout_path).unwrap_or_default();
+            if out.lines().any(|l| l.trim() == answer) {
+                return Ok(());
+            }
+            if let Some(status) = self.try_exit()? {
+                return Err(self.exited(status, &format!("setting failpoint {name}={action}")));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: format!("{} to confirm failpoint {name}={action}", self.label),
+                    after: Duration::from_secs(10),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// How many times failpoint `name` fired in this process so far (the
+    /// "failpoint fired" lines of its log; the line is written before an
+    /// `exit` action ends the process).
+    ///
+    /// ```no_run
+    /// # fn demo(w: &durastep_testkit::WorkerProcess) { assert_eq!(w.failpoint_fired("heartbeat"), 0); }
+    /// ```
+    pub fn failpoint_fired(&self, name: &str) -> usize {
+        let needle = format!("failpoint fired failpoint=\"{name}\"");
+        self.log().lines().filter(|l| l.contains(&needle)).count()
     }
 
     /// Its exit status, if it has exited (reaps it).

@@ -49,8 +49,15 @@ impl Writer {
     ) -> (Writer, Vec<tokio::task::JoinHandle<()>>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let rx = Arc::new(Mutex::new(rx));
+        // Supervised: a panicking flush fails its own batch (its steps see an
+        // error and their attempts are retried), and the writer goes on.
         let handles = (0..config.tasks.max(1))
-            .map(|_| tokio::spawn(writer_task(pool.clone(), Arc::clone(&rx), stop.clone(), config)))
+            .map(|_| {
+                let (pool, rx, stop) = (pool.clone(), Arc::clone(&rx), stop.clone());
+                crate::worker::spawn_supervised("checkpoint writer", move || {
+                    writer_task(pool.clone(), Arc::clone(&rx), stop.clone(), config)
+                })
+            })
             .collect();
         (Writer { queue: tx }, handles)
     }

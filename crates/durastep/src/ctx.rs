@@ -24,6 +24,7 @@ use uuid::Uuid;
 
 use crate::checkpoint::Writer;
 use crate::codec::{self, Keyring};
+use crate::event::{Event, SendReceipt};
 use crate::failure::{HandlerError, HandlerResult};
 use crate::limits::{self, Limits};
 use crate::store::{self, PendingWrite, WriteOutcome};
@@ -330,8 +331,17 @@ impl Ctx {
     {
         let key = self.next_key(name);
         let ctx = self.clone();
+        let name = name.to_owned();
+        async move { ctx.step_tx_key(key?, f, &name).await }
+    }
+
+    async fn step_tx_key<T, F>(&self, key: String, f: F, name: &str) -> HandlerResult<T>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        F: for<'c> FnOnce(&'c mut PgConnection) -> TxFuture<'c, T> + Send,
+    {
+        let ctx = self;
         async move {
-            let key = key?;
             if let Some(stored) = ctx.stored(&key) {
                 return stored;
             }
@@ -346,6 +356,51 @@ impl Ctx {
             }
         }
         .instrument(tracing::debug_span!("step_tx", step = name))
+        .await
+    }
+
+    /// Sends an event from the run, as a step: its fan-out (the runs it starts,
+    /// the waits it resumes, the runs it cancels) happens once for this run,
+    /// however often the attempt is retried or the handler replayed. The event
+    /// is stored in the same transaction as the step's checkpoint, behind the
+    /// fencing check, and carries a deterministic idempotency key (the run id
+    /// and the step key, `"<run id>:<step key>"`) unless you gave it one; so a
+    /// lost commit acknowledgement or a stale attempt never sends it twice.
+    /// Returns the receipt of the send (the stored one on replays).
+    ///
+    /// ```
+    /// # async fn f(ctx: durastep::Ctx) -> durastep::HandlerResult<()> {
+    /// use durastep::Event;
+    /// let receipt = ctx
+    ///     .send_event("notify-finance", Event::new("budget/pushed", &serde_json::json!({"campaign_id": "c_9"})))
+    ///     .await?;
+    /// println!("started {} runs", receipt.run_ids.len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn send_event(&self, name: &str, event: Event) -> HandlerResult<SendReceipt> {
+        let key = self.next_key(name)?;
+        let event = if event.has_idempotency_key() {
+            event
+        } else {
+            let k = format!("{}:{key}", self.inner.run_id);
+            event.idempotency_key(k)
+        };
+        let prepared = event
+            .prepare(&self.inner.limits)
+            .map_err(|e| HandlerError::permanent(format!("step {key}: event refused: {e}")))?;
+        self.step_tx_key(
+            key,
+            move |conn| {
+                Box::pin(async move {
+                    let mut receipts = crate::engine::insert(conn, std::slice::from_ref(&prepared))
+                        .await
+                        .map_err(|e| HandlerError::new(format!("send failed: {e}")))?;
+                    Ok(receipts.remove(0))
+                })
+            },
+            name,
+        )
+        .await
     }
 
     async fn run_step_tx<T, F>(&self, key: &str, f: F) -> HandlerResult<TxOutcome<T>>
@@ -442,6 +497,315 @@ impl Ctx {
                 let e = HandlerError::new(format!("step {key}: could not suspend: {e}"));
                 self.stop(Signal::StepFailed(e)).await
             }
+        }
+    }
+}
+
+/// Which events of a name resume a [`Ctx::wait_for_event`].
+///
+/// ```
+/// use durastep::EventMatch;
+/// // The approval of this campaign (its data has `"campaign_id": "c_9"`):
+/// let m = EventMatch::field("/campaign_id", &"c_9");
+/// // Any event of the name:
+/// let any = EventMatch::any();
+/// # let _ = (m, any);
+/// ```
+#[derive(Debug, Clone)]
+pub struct EventMatch {
+    kind: MatchKind,
+}
+
+#[derive(Debug, Clone)]
+enum MatchKind {
+    Any,
+    Field { pointer: String, value: Result<Value, String> },
+}
+
+impl EventMatch {
+    /// Every event of the awaited name matches.
+    ///
+    /// ```
+    /// let m = durastep::EventMatch::any();
+    /// # let _ = m;
+    /// ```
+    pub fn any() -> Self {
+        EventMatch { kind: MatchKind::Any }
+    }
+
+    /// Events whose data has `value` at the JSON pointer `pointer` (RFC 6901:
+    /// `"/campaign_id"`, `"/order/lines/0/sku"`; `""` is the whole data). The
+    /// comparison is JSON equality (`1` and `1.0` are equal, `1` and `"1"` are not).
+    ///
+    /// ```
+    /// let m = durastep::EventMatch::field("/invoice/id", &42);
+    /// # let _ = m;
+    /// ```
+    pub fn field<T: Serialize + ?Sized>(pointer: impl Into<String>, value: &T) -> Self {
+        EventMatch {
+            kind: MatchKind::Field {
+                pointer: pointer.into(),
+                value: serde_json::to_value(value).map_err(|e| e.to_string()),
+            },
+        }
+    }
+}
+
+/// What a wait stores for its step: the event that resumed it, or a timeout.
+#[derive(serde::Deserialize)]
+struct WaitRecord {
+    #[serde(default)]
+    data: Option<Value>,
+    #[serde(default)]
+    timed_out: bool,
+}
+
+impl Ctx {
+    /// Suspends the run until an event named `event_name` that `matching`
+    /// accepts arrives, or until `timeout` has passed; returns the event's data
+    /// (deserialized into `T`), or `None` on timeout.
+    ///
+    /// While it waits the run is `waiting`: no worker, task, connection or
+    /// lease is held. The outcome is checkpointed under the step name `name`, so
+    /// later executions of the handler return the same event (or the same
+    /// `None`) at once. The timeout is measured by the database clock from the
+    /// first time this wait is recorded, and is kept across executions.
+    ///
+    /// Which events count: exactly those that commit **after** the wait is
+    /// recorded. An event that committed before, even a moment before, does not
+    /// resume it (it started no wait); if a reply may come before you wait,
+    /// look for it in a step first. There is no window in between: a sender
+    /// and a waiter of one event name are ordered by a row lock, so an event
+    /// that commits after the wait is recorded always resumes it, however the
+    /// two transactions interleave. The first event that resumes a wait wins;
+    /// later ones are not delivered to it. Data that does not deserialize into
+    /// `T` fails the run permanently.
+    ///
+    /// ```
+    /// # async fn f(ctx: durastep::Ctx) -> durastep::HandlerResult<()> {
+    /// use durastep::EventMatch;
+    /// use std::time::Duration;
+    /// #[derive(serde::Deserialize)]
+    /// struct Approved { campaign_id: String, by: String }
+    ///
+    /// let approval: Option<Approved> = ctx
+    ///     .wait_for_event("approval", "campaign/approved", EventMatch::field("/campaign_id", &"c_9"), Duration::from_secs(2 * 86_400))
+    ///     .await?;
+    /// match approval {
+    ///     Some(a) => println!("approved by {} ({})", a.by, a.campaign_id),
+    ///     None => println!("no approval within two days"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn wait_for_event<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        event_name: &str,
+        matching: EventMatch,
+        timeout: Duration,
+    ) -> HandlerResult<Option<T>> {
+        let key = self.next_key(name)?;
+        if let Some(stored) = self.stored::<Value>(&key) {
+            return wait_result(&key, stored?);
+        }
+        if self.inner.lost.is_cancelled() {
+            return self.stop(Signal::Fenced).await;
+        }
+        limits::check_name("event name", event_name, &self.inner.limits)
+            .map_err(|e| HandlerError::permanent(format!("step {key}: {e}")))?;
+        let (path, value) = match matching.kind {
+            MatchKind::Any => (None, None),
+            MatchKind::Field { pointer, value } => {
+                let path = crate::function::pointer_path(&pointer)
+                    .map_err(|e| HandlerError::permanent(format!("step {key}: {e}")))?;
+                let value = value
+                    .map_err(|e| HandlerError::permanent(format!("step {key}: match value does not serialize: {e}")))?;
+                let text = limits::check_payload(&value, &self.inner.limits)
+                    .map_err(|e| HandlerError::permanent(format!("step {key}: match value refused: {e}")))?;
+                (Some(path), Some(text))
+            }
+        };
+        // Beyond a century is "no timeout" (the deadline is then 'infinity').
+        let timeout_secs = (timeout < Duration::from_secs(100 * 365 * 86_400)).then_some(timeout.as_secs_f64());
+        let outcome = store::wait_for_event(
+            &self.inner.pool,
+            self.inner.run_id,
+            self.inner.epoch,
+            &key,
+            event_name,
+            path.as_deref(),
+            value.as_deref(),
+            timeout_secs,
+        )
+        .await;
+        match outcome {
+            Ok(store::WaitOutcome::Suspended) => self.stop(Signal::Suspended).await,
+            Ok(store::WaitOutcome::Fenced) => self.stop(Signal::Fenced).await,
+            Ok(store::WaitOutcome::Resolved(stored)) => {
+                let stored = self.open::<Value>(&key, stored)?;
+                wait_result(&key, stored)
+            }
+            Err(e) => {
+                let e = HandlerError::new(format!("step {key}: could not wait: {e}"));
+                self.stop(Signal::StepFailed(e)).await
+            }
+        }
+    }
+}
+
+/// Why a child run started with [`Ctx::invoke`] gave no output.
+///
+/// ```
+/// # fn f(e: durastep::ChildError) {
+/// match e {
+///     durastep::ChildError::Failed { error, .. } => eprintln!("child failed: {error}"),
+///     other => eprintln!("{other}"),
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChildError {
+    /// The child ended `failed` (out of attempts, or a permanent error).
+    #[error("child run {run_id} failed: {error}")]
+    Failed {
+        /// The child run.
+        run_id: Uuid,
+        /// Its last error.
+        error: String,
+    },
+    /// The child was cancelled.
+    #[error("child run {run_id} was cancelled: {reason}")]
+    Cancelled {
+        /// The child run.
+        run_id: Uuid,
+        /// Its cancel reason.
+        reason: String,
+    },
+    /// The child did not finish within the invoke's timeout; it was cancelled.
+    #[error("child run did not finish in time (it was cancelled)")]
+    TimedOut,
+}
+
+/// What an invoke stores for its step: the child's outcome, or a timeout.
+#[derive(serde::Deserialize)]
+struct ChildRecord {
+    #[serde(default)]
+    child_run_id: Option<Uuid>,
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default)]
+    output: Option<Value>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    timed_out: bool,
+}
+
+impl Ctx {
+    /// Starts a run of the function `function_id` with `input` and suspends
+    /// this run until that child run finishes; returns its output (deserialized
+    /// into `O`), or why it has none ([`ChildError`]: it failed, was cancelled,
+    /// or did not finish within `timeout`, in which case it is cancelled).
+    ///
+    /// The child is started once per run and step name: a parent that executes
+    /// this call again (after a crash, a retry, a wake-up) finds its child (the
+    /// database allows one child per parent step) and its stored outcome. While
+    /// the parent waits it is `waiting` and holds no worker. The child's
+    /// outcome is delivered in the transaction that finishes it, whatever
+    /// finished it (its worker, the reaper, a cancel). The timeout is measured
+    /// by the database clock from the child's creation. An unknown function id
+    /// fails the parent permanently. The child is an ordinary run: its own
+    /// retries, steps and `on_failure` apply; cancelling the parent does not
+    /// cancel it.
+    ///
+    /// ```
+    /// # async fn f(ctx: durastep::Ctx) -> durastep::HandlerResult<()> {
+    /// use std::time::Duration;
+    /// let token: Result<String, durastep::ChildError> = ctx
+    ///     .invoke("rotate", "meta-token-rotation", &serde_json::json!({"account": "act_1"}), Duration::from_secs(600))
+    ///     .await?;
+    /// match token {
+    ///     Ok(t) => println!("new token {t}"),
+    ///     Err(e) => println!("rotation did not happen: {e}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn invoke<I: Serialize + ?Sized, O: DeserializeOwned>(
+        &self,
+        name: &str,
+        function_id: &str,
+        input: &I,
+        timeout: Duration,
+    ) -> HandlerResult<Result<O, ChildError>> {
+        let key = self.next_key(name)?;
+        if let Some(stored) = self.stored::<Value>(&key) {
+            return self.child_result(&key, stored?);
+        }
+        if self.inner.lost.is_cancelled() {
+            return self.stop(Signal::Fenced).await;
+        }
+        limits::check_function_id(function_id, &self.inner.limits)
+            .map_err(|e| HandlerError::permanent(format!("step {key}: {e}")))?;
+        let input = serde_json::to_value(input)
+            .map_err(|e| HandlerError::permanent(format!("step {key}: child input does not serialize: {e}")))?;
+        let input = limits::check_payload(&input, &self.inner.limits)
+            .map_err(|e| HandlerError::permanent(format!("step {key}: child input refused: {e}")))?;
+        let timeout_secs = (timeout < Duration::from_secs(100 * 365 * 86_400)).then_some(timeout.as_secs_f64());
+        let outcome = store::invoke(
+            &self.inner.pool,
+            self.inner.run_id,
+            self.inner.epoch,
+            &key,
+            function_id,
+            &input,
+            timeout_secs,
+        )
+        .await;
+        match outcome {
+            Ok(store::InvokeOutcome::Suspended) => self.stop(Signal::Suspended).await,
+            Ok(store::InvokeOutcome::Fenced) => self.stop(Signal::Fenced).await,
+            Ok(store::InvokeOutcome::UnknownFunction) => {
+                Err(HandlerError::permanent(format!("step {key}: no function has the id {function_id:?}")))
+            }
+            Ok(store::InvokeOutcome::Resolved(stored)) => {
+                let stored = self.open::<Value>(&key, stored)?;
+                self.child_result(&key, stored)
+            }
+            Err(e) => {
+                let e = HandlerError::new(format!("step {key}: could not invoke: {e}"));
+                self.stop(Signal::StepFailed(e)).await
+            }
+        }
+    }
+
+    fn child_result<O: DeserializeOwned>(&self, key: &str, stored: Value) -> HandlerResult<Result<O, ChildError>> {
+        let record: ChildRecord = decode(key, stored)?;
+        if record.timed_out {
+            return Ok(Err(ChildError::TimedOut));
+        }
+        let run_id = record.child_run_id.unwrap_or_default();
+        let error = record.error.unwrap_or_default();
+        match record.state.as_deref() {
+            Some("completed") => {
+                let output = record.output.unwrap_or(Value::Null);
+                let output = codec::open_value(self.inner.keyring.as_deref(), &codec::output_aad(run_id), output)
+                    .map_err(|e| HandlerError::permanent(format!("step {key}: child output cannot be opened: {e}")))?;
+                decode(key, output).map(Ok)
+            }
+            Some("failed") => Ok(Err(ChildError::Failed { run_id, error })),
+            _ => Ok(Err(ChildError::Cancelled { run_id, reason: error })),
+        }
+    }
+}
+
+fn wait_result<T: DeserializeOwned>(key: &str, stored: Value) -> HandlerResult<Option<T>> {
+    let record: WaitRecord = decode(key, stored)?;
+    match (record.data, record.timed_out) {
+        (Some(data), _) => decode(key, data).map(Some),
+        (None, true) => Ok(None),
+        (None, false) => {
+            Err(HandlerError::permanent(format!("step {key}: stored wait result is neither an event nor a timeout")))
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::error::{Error, from_sqlx};
 use crate::event::{Event, SendReceipt};
 use crate::function::{Backoff, ErasedHandler, Function};
 use crate::limits::{self, Limits};
+use crate::schedule::{self, CatchUp, Schedule};
 use crate::store;
 use crate::worker::{self, WorkerOptions};
 
@@ -25,6 +26,8 @@ pub(crate) struct Registered {
     pub backoff: Backoff,
     /// A retry-after failure pauses the run's back-pressure keys.
     pub backpressure: bool,
+    /// The cron schedule and its catch-up policy, for functions with `on_cron`.
+    pub schedule: Option<(Schedule, CatchUp)>,
 }
 
 pub(crate) struct EngineInner {
@@ -139,12 +142,19 @@ impl Engine {
     /// ```
     pub async fn send_batch(&self, events: Vec<Event>) -> Result<Vec<SendReceipt>, Error> {
         let prepared = self.prepare(&events)?;
-        let mut conn = self.inner.pool.acquire().await.map_err(from_sqlx)?;
-        insert(&mut conn, &prepared).await
+        let mut tx = self.inner.pool.begin().await.map_err(from_sqlx)?;
+        let receipts = insert(&mut tx, &prepared).await?;
+        tx.commit().await.map_err(from_sqlx)?;
+        Ok(receipts)
     }
 
     /// Sends an event inside the caller's transaction: it is stored, and its runs
     /// start, only if that transaction commits (the outbox pattern, without an outbox).
+    /// Until that transaction ends, no run can start waiting for an event of
+    /// this name (see [`Ctx::wait_for_event`](crate::Ctx::wait_for_event)), so
+    /// keep it short. Use READ COMMITTED (Postgres' default): under REPEATABLE
+    /// READ or SERIALIZABLE a concurrently recorded wait makes this call fail
+    /// with a serialization error (retry the transaction) instead of missing it.
     ///
     /// ```no_run
     /// # async fn demo(engine: durastep::Engine, pool: sqlx::PgPool) -> Result<(), durastep::Error> {
@@ -257,9 +267,43 @@ impl Engine {
     pub async fn reap_expired_leases(&self) -> Result<usize, Error> {
         worker::reap_once(&self.inner.control_pool).await
     }
+
+    /// Cancels a run that has not finished, keeping `reason` on it
+    /// ([`Run::cancel_reason`]). A queued, sleeping or waiting run is cancelled at
+    /// once and never executes again. A running run stops at its next step
+    /// boundary: every later write of its attempt (checkpoint, sleep, wait,
+    /// completion, failure) matches nothing, and its worker drops the handler
+    /// when it notices (at that write, or its next heartbeat). No step result is
+    /// stored after the cancel commits; a step body already executing runs to its
+    /// end, and its result is discarded.
+    ///
+    /// Errors: [`Error::UnknownRun`] for an id no run has, and
+    /// [`Error::RunFinished`] for a run already completed, failed or cancelled
+    /// (which is left as it was).
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+    /// match engine.cancel(id, "campaign paused by the client").await {
+    ///     Ok(()) => println!("cancelled"),
+    ///     Err(durastep::Error::RunFinished { state, .. }) => println!("too late: already {state:?}"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn cancel(&self, run_id: Uuid, reason: &str) -> Result<(), Error> {
+        limits::check_name("cancel reason", reason, &self.inner.limits)?;
+        match store::cancel_run(&self.inner.pool, run_id, reason).await.map_err(from_sqlx)? {
+            store::CancelOutcome::Unknown => Err(Error::UnknownRun(run_id)),
+            store::CancelOutcome::Finished(state) => Err(Error::RunFinished { run_id, state: RunState::parse(&state) }),
+            store::CancelOutcome::Cancelled => Ok(()),
+        }
+    }
 }
 
-async fn insert(conn: &mut PgConnection, events: &[store::NewEvent]) -> Result<Vec<SendReceipt>, Error> {
+/// Locks the topics of the events' names, then inserts them (fan-out, cancel_on, waits).
+pub(crate) async fn insert(conn: &mut PgConnection, events: &[store::NewEvent]) -> Result<Vec<SendReceipt>, Error> {
+    let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
+    store::lock_topics(conn, &names).await.map_err(from_sqlx)?;
     let inserted = store::insert_events(conn, events).await.map_err(from_sqlx)?;
     Ok(inserted
         .into_iter()
@@ -379,10 +423,17 @@ impl EngineBuilder {
         let mut flow = store::FlowRows { function_ids: Vec::new(), rules: Vec::new(), options: Vec::new() };
         let mut key_checks: HashMap<String, Vec<(String, String)>> = HashMap::new();
         let mut shared: HashMap<String, crate::flow::StoredRule> = HashMap::new();
+        let mut schedules = Vec::new();
         for f in self.functions {
             limits::check_function_id(&f.id, &self.limits)?;
             for t in &f.triggers {
                 limits::check_name("event name", t, &self.limits)?;
+            }
+            if let Some(e) = f.invalid.first() {
+                return Err(Error::InvalidFunction(format!("function {:?}: {e}", f.id)));
+            }
+            for c in &f.cancel_on {
+                limits::check_name("event name", &c.event, &self.limits)?;
             }
             if functions.contains_key(&f.id) {
                 return Err(Error::InvalidFunction(format!("two functions have the id {:?}", f.id)));
@@ -412,11 +463,24 @@ impl EngineBuilder {
             }
             let backpressure = f.flow.has_backpressure();
             let max_attempts = i32::try_from(f.max_attempts).unwrap_or(i32::MAX);
+            let mut triggers = f.triggers.clone();
+            if let Some(s) = &f.schedule {
+                triggers.push(schedule::cron_event_name(&f.id));
+                schedules.push(store::ScheduleRow {
+                    function_id: f.id.clone(),
+                    expr: s.expr().to_owned(),
+                    tz: s.tz().name().to_owned(),
+                    catch_up: i32::try_from(f.catch_up.bound()).unwrap_or(i32::MAX),
+                });
+            }
             rows.push(store::FunctionRow {
                 id: f.id.clone(),
-                triggers: f.triggers.clone(),
+                triggers,
                 max_attempts,
                 has_on_failure: f.on_failure.is_some(),
+                cancel_on: f.cancel_on_json(),
+                start_timeout_secs: f.start_timeout.map(|d| d.as_secs_f64()),
+                finish_timeout_secs: f.finish_timeout.map(|d| d.as_secs_f64()),
             });
             if let Some(handler) = f.on_failure {
                 let id = format!("{}/on-failure", f.id);
@@ -425,11 +489,18 @@ impl EngineBuilder {
                     triggers: vec![],
                     max_attempts: 4,
                     has_on_failure: false,
+                    cancel_on: "[]".into(),
+                    start_timeout_secs: None,
+                    finish_timeout_secs: None,
                 });
                 flow.function_ids.push(id.clone());
-                functions.insert(id, Registered { handler, backoff: Backoff::default(), backpressure: false });
+                functions.insert(
+                    id,
+                    Registered { handler, backoff: Backoff::default(), backpressure: false, schedule: None },
+                );
             }
-            functions.insert(f.id, Registered { handler: f.handler, backoff: f.backoff, backpressure });
+            let schedule = f.schedule.map(|s| (s, f.catch_up));
+            functions.insert(f.id, Registered { handler: f.handler, backoff: f.backoff, backpressure, schedule });
         }
 
         let (pool, control_pool) = match (self.pool, self.url) {
@@ -455,6 +526,8 @@ impl EngineBuilder {
         }
         store::register_functions(&pool, &mut rows).await.map_err(from_sqlx)?;
         store::register_flow(&pool, &flow).await.map_err(from_sqlx)?;
+        let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+        store::register_schedules(&pool, &mut schedules, &ids).await.map_err(from_sqlx)?;
         Ok(Engine {
             inner: Arc::new(EngineInner {
                 pool,
@@ -506,6 +579,9 @@ pub enum RunState {
     Running,
     /// Suspended in a durable sleep; holds no worker.
     Sleeping,
+    /// Suspended in [`Ctx::wait_for_event`](crate::Ctx::wait_for_event) until an
+    /// event or its timeout; holds no worker.
+    Waiting,
     /// Finished with an output.
     Completed,
     /// Out of attempts, or failed permanently.
@@ -527,11 +603,12 @@ impl RunState {
         matches!(self, RunState::Completed | RunState::Failed | RunState::Cancelled | RunState::Skipped)
     }
 
-    fn parse(s: &str) -> RunState {
+    pub(crate) fn parse(s: &str) -> RunState {
         match s {
             "queued" => RunState::Queued,
             "running" => RunState::Running,
             "sleeping" => RunState::Sleeping,
+            "waiting" => RunState::Waiting,
             "completed" => RunState::Completed,
             "failed" => RunState::Failed,
             "skipped" => RunState::Skipped,
@@ -567,6 +644,8 @@ pub struct Run {
     pub run_at: DateTime<Utc>,
     /// The last failure, if any.
     pub last_error: Option<String>,
+    /// Why it was cancelled, when it was.
+    pub cancel_reason: Option<String>,
     /// The handler's output, once completed.
     pub output: Option<Value>,
     /// When it was created.
@@ -588,6 +667,7 @@ impl From<store::RunRow> for Run {
             max_attempts: r.max_attempts,
             run_at: r.run_at,
             last_error: r.last_error,
+            cancel_reason: r.cancel_reason,
             output: r.output,
             created_at: r.created_at,
             finished_at: r.finished_at,

@@ -51,6 +51,14 @@ pub enum Error {
         /// The JSON pointer of the key.
         key: String,
     },
+    /// The run has already finished (completed, failed or cancelled); it was left as it was.
+    #[error("run {run_id} has already finished ({state:?})")]
+    RunFinished {
+        /// The run.
+        run_id: uuid::Uuid,
+        /// The state it finished in.
+        state: crate::RunState,
+    },
 }
 
 impl Error {

@@ -118,6 +118,10 @@ impl Event {
         self
     }
 
+    pub(crate) fn has_idempotency_key(&self) -> bool {
+        self.idempotency_key.is_some()
+    }
+
     /// The event's name.
     ///
     /// ```
@@ -172,7 +176,7 @@ impl Event {
 /// assert_eq!(receipt.run_ids, again.run_ids);
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct SendReceipt {
     /// The stored event (the first one, for a duplicate).

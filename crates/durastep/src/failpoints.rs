@@ -3,8 +3,28 @@
 //! Compiled only with the `failpoints` feature; without it `failpoint!` expands
 //! to nothing. Configure with the `DURASTEP_FAILPOINTS` environment variable
 //! (read once) or [`set`]: a comma-separated list of `name=action`, where action
-//! is `exit`, `panic`, `error`, `pause(ms)` or `off`, optionally prefixed by a
-//! hit count, `3*exit` (fire on the third hit only), or a percentage, `10%exit`.
+//! is `exit`, `panic`, `error`, `pause(ms)`, `block` or `off`, optionally
+//! prefixed by a hit count, `3*exit` (fire on the third hit only), or a
+//! percentage, `10%exit`. `block` holds every task that reaches the point until
+//! [`release`] is called: a test can then do something else (complete a run)
+//! exactly between two statements of the engine, without guessing a pause.
+//!
+//! The failpoints, in the order a run meets them, and what `error` does at each:
+//!
+//! | name | where | `error` |
+//! |---|---|---|
+//! | `claim-before-commit` | claim loop, before the claim statement | the round fails (backoff, retry) |
+//! | `claim-after-commit` | after a claim that got runs | the claimed runs are dropped, as if the answer were lost: their leases expire |
+//! | `step-before-body` | `Ctx::step`, before the body | the step, so the attempt, fails |
+//! | `step-after-body` | after the body, before its checkpoint is queued (also a sleep's wake-time checkpoint) | the attempt fails; the body runs again |
+//! | `checkpoint-before-commit` | checkpoint writer, before the group commit | the flush fails: its steps' attempts fail, its completions are not stored |
+//! | `checkpoint-after-commit` | after the group commit | the worker sees an error although the commit landed (ambiguous commit): the flush is retried and adopts its own rows |
+//! | `step-after-checkpoint` | after a step's checkpoint is stored | the attempt fails; the step replays |
+//! | `step-tx-before-commit` | `Ctx::step_tx`, before the transaction commits | rolled back; the attempt fails |
+//! | `sleep-after-arming` | `Ctx::sleep`, wake time stored, before suspending | the attempt fails |
+//! | `complete-before-commit` | before the completion is queued | the completion is not written: the lease expires |
+//! | `heartbeat` | heartbeat round, before extending the leases | the round, and its own-clock check, are skipped |
+//! | `reaper-between-select-and-update` | reaper pass, between its two statements | the pass fails |
 //!
 //! ```
 //! # #[cfg(feature = "failpoints")] {
@@ -13,9 +33,11 @@
 //! ```
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
 
 /// What a failpoint does when it fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +51,8 @@ pub enum Action {
     Error,
     /// Sleep this long, then go on.
     Pause(Duration),
+    /// Wait until [`release`] is called for this failpoint, then go on.
+    Block,
 }
 
 #[derive(Debug)]
@@ -38,6 +62,10 @@ struct Point {
     nth: u64,
     percent: u32,
     hits: AtomicU64,
+    /// Cancelled by [`release`]: lets blocked tasks go.
+    gate: CancellationToken,
+    /// Tasks blocked here now.
+    blocked: Arc<AtomicUsize>,
 }
 
 fn registry() -> &'static Mutex<HashMap<String, Point>> {
@@ -70,13 +98,21 @@ fn parse(spec: &str) -> Option<Point> {
         "exit" => Action::Exit,
         "panic" => Action::Panic,
         "error" => Action::Error,
+        "block" => Action::Block,
         "off" => return None,
         other => {
             let ms = other.strip_prefix("pause(")?.strip_suffix(')')?.parse().ok()?;
             Action::Pause(Duration::from_millis(ms))
         }
     };
-    Some(Point { action, nth, percent, hits: AtomicU64::new(0) })
+    Some(Point {
+        action,
+        nth,
+        percent,
+        hits: AtomicU64::new(0),
+        gate: CancellationToken::new(),
+        blocked: Arc::new(AtomicUsize::new(0)),
+    })
 }
 
 /// Sets (or with `off`, clears) a failpoint at run time.
@@ -86,20 +122,53 @@ fn parse(spec: &str) -> Option<Point> {
 /// ```
 pub fn set(name: &str, action: &str) {
     let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-    match parse(action) {
-        Some(point) => {
-            reg.insert(name.to_owned(), point);
-        }
-        None => {
-            reg.remove(name);
-        }
+    let old = match parse(action) {
+        Some(point) => reg.insert(name.to_owned(), point),
+        None => reg.remove(name),
+    };
+    // Tasks blocked under the old setting go on.
+    if let Some(old) = old {
+        old.gate.cancel();
     }
 }
 
-/// Evaluates a failpoint: exits, panics or pauses as configured; returns true
-/// when the caller must fail with an error.
+/// Clears a failpoint and lets every task blocked at it (`block`) go on.
+///
+/// ```
+/// durastep::failpoints::set("reaper-between-select-and-update", "block");
+/// assert_eq!(durastep::failpoints::blocked("reaper-between-select-and-update"), 0);
+/// durastep::failpoints::release("reaper-between-select-and-update");
+/// ```
+pub fn release(name: &str) {
+    set(name, "off");
+}
+
+/// How many tasks are blocked at this failpoint now (`block`).
+///
+/// ```
+/// assert_eq!(durastep::failpoints::blocked("no-such-point"), 0);
+/// ```
+pub fn blocked(name: &str) -> usize {
+    let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    reg.get(name).map_or(0, |p| p.blocked.load(Ordering::SeqCst))
+}
+
+/// How many times this failpoint was reached since it was last set (0 when not set).
+///
+/// ```
+/// durastep::failpoints::set("claim-before-commit", "pause(0)");
+/// assert_eq!(durastep::failpoints::hits("claim-before-commit"), 0);
+/// durastep::failpoints::set("claim-before-commit", "off");
+/// ```
+pub fn hits(name: &str) -> u64 {
+    let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    reg.get(name).map_or(0, |p| p.hits.load(Ordering::SeqCst))
+}
+
+/// Evaluates a failpoint: exits, panics, pauses or blocks as configured;
+/// returns true when the caller must fail with an error.
 pub async fn eval(name: &str) -> bool {
-    let action = {
+    let (action, gate, blocked) = {
         let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
         let Some(point) = reg.get(name) else { return false };
         let hit = point.hits.fetch_add(1, Ordering::SeqCst) + 1;
@@ -109,7 +178,11 @@ pub async fn eval(name: &str) -> bool {
         if point.percent < 100 && (uuid::Uuid::new_v4().as_u128() % 100) as u32 >= point.percent {
             return false;
         }
-        point.action
+        if point.action == Action::Block {
+            // Counted under the lock, so `blocked` is never behind a task that passed it.
+            point.blocked.fetch_add(1, Ordering::SeqCst);
+        }
+        (point.action, point.gate.clone(), point.blocked.clone())
     };
     tracing::warn!(failpoint = name, ?action, "failpoint fired");
     match action {
@@ -118,6 +191,11 @@ pub async fn eval(name: &str) -> bool {
         Action::Error => true,
         Action::Pause(d) => {
             tokio::time::sleep(d).await;
+            false
+        }
+        Action::Block => {
+            gate.cancelled().await;
+            blocked.fetch_sub(1, Ordering::SeqCst);
             false
         }
     }

@@ -14,6 +14,7 @@ use uuid::Uuid;
 use crate::ctx::Ctx;
 use crate::failure::{HandlerError, HandlerResult};
 use crate::flow::{Debounce, FlowConfig, Kind, Rule, SingletonMode};
+use crate::schedule::{CatchUp, Schedule};
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 pub(crate) type ErasedHandler = Arc<dyn Fn(Ctx, Value) -> BoxFuture<HandlerResult<Value>> + Send + Sync>;
@@ -147,9 +148,35 @@ pub struct Function {
     pub(crate) handler: ErasedHandler,
     pub(crate) on_failure: Option<ErasedHandler>,
     pub(crate) flow: FlowConfig,
+    pub(crate) cancel_on: Vec<CancelOn>,
+    /// Why the definition is invalid (reported by `build`).
+    pub(crate) invalid: Vec<String>,
+    pub(crate) schedule: Option<Schedule>,
+    pub(crate) catch_up: CatchUp,
+    pub(crate) start_timeout: Option<Duration>,
+    pub(crate) finish_timeout: Option<Duration>,
+}
+
+/// One `cancel_on` rule: an event of this name cancels the runs whose own event
+/// data has, at `run_path`, the value the new event has at `event_path`.
+#[derive(Debug, Clone)]
+pub(crate) struct CancelOn {
+    pub event: String,
+    pub event_path: Vec<String>,
+    pub run_path: Vec<String>,
 }
 
 impl Function {
+    /// The cancel_on rules as stored in `durastep.functions.cancel_on`.
+    pub(crate) fn cancel_on_json(&self) -> String {
+        let rules: Vec<Value> = self
+            .cancel_on
+            .iter()
+            .map(|c| serde_json::json!({"event": c.event, "event_path": c.event_path, "run_path": c.run_path}))
+            .collect();
+        Value::Array(rules).to_string()
+    }
+
     /// Starts the definition of a function with this id (ASCII letters, digits, `-_.:`).
     ///
     /// ```
@@ -165,6 +192,12 @@ impl Function {
             backoff: Backoff::default(),
             on_failure: None,
             flow: FlowConfig::default(),
+            cancel_on: Vec::new(),
+            invalid: Vec::new(),
+            schedule: None,
+            catch_up: CatchUp::default(),
+            start_timeout: None,
+            finish_timeout: None,
         }
     }
 
@@ -188,6 +221,7 @@ impl fmt::Debug for Function {
             .field("backoff", &self.backoff)
             .field("on_failure", &self.on_failure.is_some())
             .field("flow", &self.flow)
+            .field("cancel_on", &self.cancel_on)
             .finish()
     }
 }
@@ -201,9 +235,134 @@ pub struct FunctionBuilder {
     backoff: Backoff,
     on_failure: Option<ErasedHandler>,
     flow: FlowConfig,
+    cancel_on: Vec<CancelOn>,
+    invalid: Vec<String>,
+    schedule: Option<Schedule>,
+    catch_up: CatchUp,
+    start_timeout: Option<Duration>,
+    finish_timeout: Option<Duration>,
+}
+
+/// Splits a JSON pointer (RFC 6901: `""` is the whole document, `"/a/b"` is
+/// key `b` inside key `a`, `~1` is `/` and `~0` is `~`) into the path Postgres'
+/// `#>` operator takes. Array elements are addressed by their index, as in `/items/0`.
+///
+/// ```
+/// # // private; exercised through cancel_on and EventMatch
+/// ```
+pub(crate) fn pointer_path(pointer: &str) -> Result<Vec<String>, String> {
+    if pointer.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(rest) = pointer.strip_prefix('/') else {
+        return Err(format!("JSON pointer {pointer:?} must be empty or start with '/'"));
+    };
+    Ok(rest.split('/').map(|t| t.replace("~1", "/").replace("~0", "~")).collect())
 }
 
 impl FunctionBuilder {
+    /// Runs this function on a cron schedule in a time zone (see [`Schedule`]
+    /// for the syntax and for what happens on daylight-saving changes). Each
+    /// fire time starts exactly one run, however many workers are up: every
+    /// worker that has the function registered ticks the schedule (no leader),
+    /// and the run for a fire time is created by an event whose idempotency key
+    /// is that fire time. The run's input is a [`CronTick`] carrying its
+    /// scheduled time. Fire times missed while no worker was running follow
+    /// [`FunctionBuilder::catch_up`]. A schedule is first armed when a worker
+    /// ticks it: fire times before that are not run. An expression that does
+    /// not parse is refused at build ([`crate::Error::InvalidFunction`]).
+    ///
+    /// ```
+    /// use durastep::{CronTick, Ctx, Function};
+    /// // Story B: the Meta token rotation, first Monday of each quarter, 09:00 Amsterdam.
+    /// let rotation = Function::new("meta-token-rotation")
+    ///     .on_cron("0 9 * 1,4,7,10 MON#1", chrono_tz::Europe::Amsterdam)
+    ///     .handler(|ctx: Ctx, tick: CronTick| async move {
+    ///         ctx.step("rotate", || async move { Ok(tick.scheduled_at.to_rfc3339()) }).await
+    ///     });
+    /// # let _ = rotation;
+    /// ```
+    pub fn on_cron(mut self, expr: &str, tz: chrono_tz::Tz) -> Self {
+        match Schedule::new(expr, tz) {
+            Ok(s) => self.schedule = Some(s),
+            Err(e) => self.invalid.push(e.to_string()),
+        }
+        self
+    }
+
+    /// What happens to the fire times of [`FunctionBuilder::on_cron`] missed
+    /// while no worker was running (default [`CatchUp::Latest`]).
+    ///
+    /// ```
+    /// let b = durastep::Function::new("hourly").on_cron("0 * * * *", chrono_tz::UTC).catch_up(durastep::CatchUp::Each { max: 24 });
+    /// # let _ = b;
+    /// ```
+    pub fn catch_up(mut self, policy: CatchUp) -> Self {
+        self.catch_up = policy;
+        self
+    }
+
+    /// A run not started within `timeout` of its due time (its event's
+    /// `start_at`, or when it was sent) is cancelled instead of started, with
+    /// `cancel_reason` "start timeout: not started by <time>". It is checked by
+    /// the claim (such a run is never started) and by every worker's reaper pass
+    /// (`WorkerOptions::reap_interval`), by the database clock. Retries of a
+    /// run that did start are not affected.
+    ///
+    /// ```
+    /// // A budget push that could not start within 10 minutes is stale: drop it.
+    /// let b = durastep::Function::new("push").start_timeout(std::time::Duration::from_secs(600));
+    /// # let _ = b;
+    /// ```
+    pub fn start_timeout(mut self, timeout: Duration) -> Self {
+        self.start_timeout = Some(timeout);
+        self
+    }
+
+    /// A run not finished within `timeout` of its due time is cancelled, in
+    /// whatever state it is (queued, sleeping, waiting, or running: then it
+    /// stops at its next step boundary, as with [`crate::Engine::cancel`]), with
+    /// `cancel_reason` "finish timeout: not finished by <time>". Checked by
+    /// every worker's reaper pass and by the claim, by the database clock.
+    ///
+    /// ```
+    /// let b = durastep::Function::new("nightly-import").finish_timeout(std::time::Duration::from_secs(4 * 3600));
+    /// # let _ = b;
+    /// ```
+    pub fn finish_timeout(mut self, timeout: Duration) -> Self {
+        self.finish_timeout = Some(timeout);
+        self
+    }
+
+    /// Cancels this function's unfinished runs when an event named `event`
+    /// arrives whose data, at the JSON pointer `matching.0`, equals the value the
+    /// run's own event data has at the JSON pointer `matching.1`. The cancel
+    /// happens in the statement (and transaction) that stores the event: queued,
+    /// sleeping and waiting runs never execute again; a running run stops at its
+    /// next step boundary, as with [`crate::Engine::cancel`]. Runs whose data has
+    /// no value at the pointer are never cancelled by it. Call it more than once
+    /// for several rules. An invalid pointer (not empty, not starting with `/`)
+    /// is refused at build.
+    ///
+    /// ```
+    /// // A budget push is cancelled when its campaign is paused.
+    /// let f = durastep::Function::new("meta-budget-update")
+    ///     .on_event("campaign/budget.requested")
+    ///     .cancel_on("campaign/paused", ("/campaign_id", "/campaign_id"))
+    ///     .handler(|_ctx, _req: serde_json::Value| async move { Ok(()) });
+    /// # let _ = f;
+    /// ```
+    pub fn cancel_on(mut self, event: impl Into<String>, matching: (&str, &str)) -> Self {
+        match (pointer_path(matching.0), pointer_path(matching.1)) {
+            (Ok(event_path), Ok(run_path)) => {
+                self.cancel_on.push(CancelOn { event: event.into(), event_path, run_path });
+            }
+            // build() refuses the definition with the reason.
+            (Err(e), _) | (_, Err(e)) => self.invalid.push(format!("cancel_on: {e}")),
+        }
+        self
+    }
+
     /// Triggers a run of this function for every event with this name. Call it more
     /// than once for several triggers.
     ///
@@ -461,6 +620,12 @@ impl FunctionBuilder {
             backoff: self.backoff,
             on_failure: self.on_failure,
             flow: self.flow,
+            cancel_on: self.cancel_on,
+            invalid: self.invalid,
+            schedule: self.schedule,
+            catch_up: self.catch_up,
+            start_timeout: self.start_timeout,
+            finish_timeout: self.finish_timeout,
         }
     }
 }

@@ -63,6 +63,17 @@
 //!   is `failed` and its [`FunctionBuilder::on_failure`] handler runs once.
 //! - **Sleep.** [`Ctx::sleep`] and [`Ctx::sleep_until`] suspend the run: no
 //!   worker is held, and the database clock decides when it is due.
+//! - **Schedules.** [`FunctionBuilder::on_cron`] runs a function on a cron
+//!   [`Schedule`] in a time zone, one run per fire time (input [`CronTick`]),
+//!   with a [`CatchUp`] policy; [`Event::start_at`] delays an event's runs.
+//! - **Waiting and signalling.** [`Ctx::wait_for_event`] suspends until a
+//!   matching event ([`EventMatch`]) or a timeout; [`Ctx::send_event`] sends
+//!   from a run, once; [`Ctx::invoke`] runs another function as a child and
+//!   returns its output or a [`ChildError`].
+//! - **Cancellation and timeouts.** [`Engine::cancel`] and
+//!   [`FunctionBuilder::cancel_on`] cancel runs (a running one at its next step
+//!   boundary); [`FunctionBuilder::start_timeout`] and
+//!   [`FunctionBuilder::finish_timeout`] cancel runs that start or finish too late.
 //! - **Workers.** [`Engine::run_worker`] claims due runs with `FOR UPDATE SKIP
 //!   LOCKED`, holds each under a lease with a fencing epoch, and group-commits
 //!   checkpoints; cancelling its token shuts it down gracefully.
@@ -123,12 +134,13 @@ mod failure;
 pub mod flow;
 mod function;
 pub mod limits;
+mod schedule;
 mod store;
 pub mod testing;
 mod worker;
 
 pub use codec::{CodecError, Keyring};
-pub use ctx::{Ctx, TxFuture};
+pub use ctx::{ChildError, Ctx, EventMatch, TxFuture};
 pub use engine::{Engine, EngineBuilder, Run, RunState, migrate};
 pub use error::Error;
 pub use event::{Event, SendReceipt};
@@ -136,4 +148,5 @@ pub use failure::{HandlerError, HandlerResult};
 pub use flow::{BACKPRESSURE_FREE_RETRIES, FlowWait, SingletonMode};
 pub use function::{Backoff, FailedRun, Function, FunctionBuilder};
 pub use limits::{LimitError, Limits};
+pub use schedule::{CatchUp, CronTick, Schedule, ScheduleError};
 pub use worker::WorkerOptions;

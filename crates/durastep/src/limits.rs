@@ -20,7 +20,8 @@ pub struct Limits {
     /// Deepest nesting of arrays and objects in a payload (default 64). Values
     /// above [`MAX_SUPPORTED_DEPTH`] act as that ceiling.
     pub max_depth: usize,
-    /// Longest idempotency key, event name, function id or step name, in bytes (default 512).
+    /// Longest idempotency key, event name, function id or step name, in bytes
+    /// (default 512). Values above [`MAX_SUPPORTED_KEY_BYTES`] act as that ceiling.
     pub max_key_bytes: usize,
 }
 
@@ -38,9 +39,28 @@ pub struct Limits {
 /// ```
 pub const MAX_SUPPORTED_DEPTH: usize = 120;
 
+/// The longest name Durastep can store, whatever [`Limits::max_key_bytes`]
+/// says: names are keys of btree indexes (an event's name and idempotency key
+/// together, a step key with its run id, a function id), and Postgres refuses
+/// an index entry over 2,704 bytes that it cannot compress. Longer names were
+/// once let through by a larger `max_key_bytes` and then failed the `INSERT`
+/// with a database error instead of a typed refusal (a send), or failed every
+/// checkpoint of the step (a step name).
+///
+/// ```
+/// let limits = durastep::Limits { max_key_bytes: 4096, ..Default::default() };
+/// let name = "k".repeat(durastep::limits::MAX_SUPPORTED_KEY_BYTES + 1);
+/// assert!(durastep::limits::check_name("idempotency key", &name, &limits).is_err());
+/// ```
+pub const MAX_SUPPORTED_KEY_BYTES: usize = 1024;
+
 impl Limits {
     fn depth(&self) -> usize {
         self.max_depth.min(MAX_SUPPORTED_DEPTH)
+    }
+
+    fn key_bytes(&self) -> usize {
+        self.max_key_bytes.min(MAX_SUPPORTED_KEY_BYTES)
     }
 }
 
@@ -197,7 +217,8 @@ fn check_shape(value: &Value, max_depth: usize) -> Result<(), LimitError> {
     Ok(())
 }
 
-/// Checks a name: not empty, within [`Limits::max_key_bytes`], no control characters.
+/// Checks a name: not empty, within [`Limits::max_key_bytes`] (and
+/// [`MAX_SUPPORTED_KEY_BYTES`]), no control characters.
 ///
 /// ```
 /// assert!(durastep::limits::check_name("step name", "push", &Default::default()).is_ok());
@@ -207,7 +228,7 @@ pub fn check_name(what: &'static str, value: &str, limits: &Limits) -> Result<()
     if value.is_empty() {
         return Err(invalid("must not be empty"));
     }
-    if value.len() > limits.max_key_bytes {
+    if value.len() > limits.key_bytes() {
         return Err(invalid("is longer than the key limit"));
     }
     if value.chars().any(char::is_control) {
@@ -353,5 +374,21 @@ mod tests {
         assert!(check_step_name("fetch-a", &l).is_ok());
         assert!(check_step_name("fetch#2", &l).is_err());
         assert!(check_step_name("a\u{0}b", &l).is_err());
+    }
+
+    #[test]
+    fn key_limit_has_a_ceiling() {
+        let wide = Limits { max_key_bytes: usize::MAX, ..Limits::default() };
+        let at = "k".repeat(MAX_SUPPORTED_KEY_BYTES);
+        let over = "k".repeat(MAX_SUPPORTED_KEY_BYTES + 1);
+        assert!(check_name("idempotency key", &at, &wide).is_ok());
+        assert!(check_step_name(&at, &wide).is_ok());
+        assert!(check_function_id(&at, &wide).is_ok());
+        assert!(check_name("idempotency key", &over, &wide).is_err());
+        assert!(check_step_name(&over, &wide).is_err());
+        assert!(check_function_id(&over, &wide).is_err());
+        // Below the ceiling, the configured limit still rules.
+        let narrow = Limits { max_key_bytes: 8, ..Limits::default() };
+        assert!(check_name("event name", "123456789", &narrow).is_err());
     }
 }

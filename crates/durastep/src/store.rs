@@ -36,6 +36,10 @@ pub(crate) struct FunctionRow {
     pub triggers: Vec<String>,
     pub max_attempts: i32,
     pub has_on_failure: bool,
+    /// `[{"event", "event_path", "run_path"}]`, as JSON text.
+    pub cancel_on: String,
+    pub start_timeout_secs: Option<f64>,
+    pub finish_timeout_secs: Option<f64>,
 }
 
 /// Upserts function definitions (sorted by id, so concurrent starts cannot deadlock).
@@ -47,18 +51,29 @@ pub(crate) async fn register_functions(pool: &PgPool, rows: &mut [FunctionRow]) 
         rows.iter().map(|r| serde_json::to_string(&r.triggers).unwrap_or_else(|_| "[]".into())).collect();
     let attempts: Vec<i32> = rows.iter().map(|r| r.max_attempts).collect();
     let on_failure: Vec<bool> = rows.iter().map(|r| r.has_on_failure).collect();
+    let cancel_on: Vec<&str> = rows.iter().map(|r| r.cancel_on.as_str()).collect();
+    let start_timeouts: Vec<Option<f64>> = rows.iter().map(|r| r.start_timeout_secs).collect();
+    let finish_timeouts: Vec<Option<f64>> = rows.iter().map(|r| r.finish_timeout_secs).collect();
     sqlx::query(
-        "INSERT INTO durastep.functions (id, triggers, max_attempts, has_on_failure, updated_at)
-         SELECT t.id, ARRAY(SELECT jsonb_array_elements_text(t.triggers::jsonb)), t.attempts, t.on_failure, now()
-           FROM unnest($1::text[], $2::text[], $3::int[], $4::bool[]) AS t(id, triggers, attempts, on_failure)
+        "INSERT INTO durastep.functions (id, triggers, max_attempts, has_on_failure, cancel_on,
+                                         start_timeout_secs, finish_timeout_secs, updated_at)
+         SELECT t.id, ARRAY(SELECT jsonb_array_elements_text(t.triggers::jsonb)), t.attempts, t.on_failure,
+                t.cancel_on::jsonb, t.start_timeout, t.finish_timeout, now()
+           FROM unnest($1::text[], $2::text[], $3::int[], $4::bool[], $5::text[], $6::float8[], $7::float8[])
+                AS t(id, triggers, attempts, on_failure, cancel_on, start_timeout, finish_timeout)
          ON CONFLICT (id) DO UPDATE
             SET triggers = EXCLUDED.triggers, max_attempts = EXCLUDED.max_attempts,
-                has_on_failure = EXCLUDED.has_on_failure, updated_at = now()",
+                has_on_failure = EXCLUDED.has_on_failure, cancel_on = EXCLUDED.cancel_on,
+                start_timeout_secs = EXCLUDED.start_timeout_secs,
+                finish_timeout_secs = EXCLUDED.finish_timeout_secs, updated_at = now()",
     )
     .bind(&ids)
     .bind(&triggers)
     .bind(&attempts)
     .bind(&on_failure)
+    .bind(&cancel_on)
+    .bind(&start_timeouts)
+    .bind(&finish_timeouts)
     .execute(pool)
     .await?;
     Ok(())
@@ -164,6 +179,98 @@ pub(crate) async fn register_flow(pool: &PgPool, rows: &FlowRows) -> Result<(), 
     tx.commit().await
 }
 
+/// A cron schedule as stored in `durastep.schedules`.
+pub(crate) struct ScheduleRow {
+    pub function_id: String,
+    pub expr: String,
+    pub tz: String,
+    pub catch_up: i32,
+}
+
+/// Upserts the schedules of the registered functions `ids` (sorted by id) and
+/// removes the schedules of those of them that no longer have one. A changed
+/// expression or time zone re-arms the schedule from the next tick.
+pub(crate) async fn register_schedules(
+    pool: &PgPool,
+    rows: &mut [ScheduleRow],
+    ids: &[String],
+) -> Result<(), sqlx::Error> {
+    rows.sort_by(|a, b| a.function_id.cmp(&b.function_id));
+    let fids: Vec<&str> = rows.iter().map(|r| r.function_id.as_str()).collect();
+    let exprs: Vec<&str> = rows.iter().map(|r| r.expr.as_str()).collect();
+    let tzs: Vec<&str> = rows.iter().map(|r| r.tz.as_str()).collect();
+    let catch_up: Vec<i32> = rows.iter().map(|r| r.catch_up).collect();
+    sqlx::query(
+        "WITH gone AS (
+             DELETE FROM durastep.schedules
+              WHERE function_id = ANY ($5) AND NOT function_id = ANY ($1))
+         INSERT INTO durastep.schedules (function_id, expr, tz, catch_up)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[])
+         ON CONFLICT (function_id) DO UPDATE
+            SET catch_up = EXCLUDED.catch_up, updated_at = now(),
+                expr = EXCLUDED.expr, tz = EXCLUDED.tz,
+                last_tick_at = CASE WHEN (durastep.schedules.expr, durastep.schedules.tz) = (EXCLUDED.expr, EXCLUDED.tz)
+                                    THEN durastep.schedules.last_tick_at END,
+                next_fire_at = CASE WHEN (durastep.schedules.expr, durastep.schedules.tz) = (EXCLUDED.expr, EXCLUDED.tz)
+                                    THEN durastep.schedules.next_fire_at END",
+    )
+    .bind(&fids)
+    .bind(&exprs)
+    .bind(&tzs)
+    .bind(&catch_up)
+    .bind(ids)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// A schedule whose next fire time has passed, locked for this tick.
+pub(crate) struct DueSchedule {
+    pub function_id: String,
+    /// Fire times up to here are handled (None: never ticked; arm it now).
+    pub last_tick_at: Option<DateTime<Utc>>,
+    pub db_now: DateTime<Utc>,
+}
+
+/// Locks the schedules of these functions that are due (or never ticked),
+/// skipping those another worker is ticking. Run in the tick's transaction.
+pub(crate) async fn lock_due_schedules(
+    conn: &mut PgConnection,
+    function_ids: &[String],
+) -> Result<Vec<DueSchedule>, sqlx::Error> {
+    let rows: Vec<(String, Option<DateTime<Utc>>, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT function_id, last_tick_at, durastep.now() FROM durastep.schedules
+          WHERE function_id = ANY ($1) AND (next_fire_at IS NULL OR next_fire_at <= durastep.now())
+          ORDER BY function_id FOR UPDATE SKIP LOCKED",
+    )
+    .bind(function_ids)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(function_id, last_tick_at, db_now)| DueSchedule { function_id, last_tick_at, db_now })
+        .collect())
+}
+
+/// Records a tick: fire times up to `tick_at` are handled; the next is `next`.
+pub(crate) async fn advance_schedule(
+    conn: &mut PgConnection,
+    function_id: &str,
+    tick_at: DateTime<Utc>,
+    next: Option<DateTime<Utc>>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE durastep.schedules SET last_tick_at = $2, next_fire_at = coalesce($3, 'infinity')
+          WHERE function_id = $1",
+    )
+    .bind(function_id)
+    .bind(tick_at)
+    .bind(next)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// An event ready to insert: validated and serialized.
 pub(crate) struct NewEvent {
     pub id: Uuid,
@@ -181,10 +288,50 @@ pub(crate) struct InsertedEvent {
     pub duplicate: bool,
 }
 
+/// Locks the rendezvous rows of these event names (`durastep.topics`) FOR
+/// SHARE, creating the missing ones, so that no wait for one of them can be
+/// recorded until this transaction ends. Must run in the sender's transaction,
+/// as its own statement, before [`insert_events`]: that statement's snapshot is
+/// then taken after the lock, so it sees every wait recorded before.
+pub(crate) async fn lock_topics(conn: &mut PgConnection, names: &[&str]) -> Result<(), sqlx::Error> {
+    let mut names: Vec<&str> = names.to_vec();
+    names.sort_unstable();
+    names.dedup();
+    // Usually every name has its row already: one statement. Otherwise the
+    // missing rows are created (this transaction then owns them, or waited
+    // for the concurrent sender that created them) and a fresh statement,
+    // whose snapshot sees them, locks them too. Three rounds always suffice.
+    for round in 0..3 {
+        if round > 0 {
+            sqlx::query(
+                "INSERT INTO durastep.topics (name) SELECT unnest($1::text[]) ORDER BY 1 ON CONFLICT DO NOTHING",
+            )
+            .bind(&names)
+            .execute(&mut *conn)
+            .await?;
+        }
+        let locked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (SELECT name FROM durastep.topics WHERE name = ANY ($1)
+                                    ORDER BY name FOR SHARE) t",
+        )
+        .bind(&names)
+        .fetch_one(&mut *conn)
+        .await?;
+        if locked as usize == names.len() {
+            return Ok(());
+        }
+    }
+    // Only if topic rows were deleted meanwhile: refuse rather than risk a lost wake-up.
+    Err(sqlx::Error::Protocol("durastep.topics rows for the sent event names could not be locked".into()))
+}
+
 /// Stores events and fans each out into one run per function it triggers, in one
 /// statement. An event whose (name, idempotency key) is already stored inserts
-/// nothing and reports the stored event and its runs. Notifies the workers once
-/// if any run is due now.
+/// nothing and reports the stored event and its runs. In the same statement,
+/// each new event cancels the unfinished runs that a `cancel_on` of their
+/// function matches, and resumes the waits it matches (see `lock_topics`, which
+/// must precede it in the same transaction). Notifies the workers once if any
+/// run is due now.
 pub(crate) async fn insert_events(
     conn: &mut PgConnection,
     events: &[NewEvent],
@@ -210,6 +357,7 @@ pub(crate) async fn insert_events(
                     CASE WHEN o.priority_path IS NULL THEN i.priority
                          ELSE durastep.flow_priority(i.payload::jsonb, o.priority_path, i.priority) END AS priority,
                     o.debounce_s, o.debounce_max_s, o.singleton_mode,
+                    f.start_timeout_secs, f.finish_timeout_secs,
                     CASE WHEN o.debounce_s IS NOT NULL THEN durastep.flow_key(
                         i.payload::jsonb, o.debounce_path, true, f.id, o.debounce_pointer) END AS dkey,
                     CASE WHEN o.singleton_mode IS NOT NULL THEN durastep.flow_key(
@@ -224,16 +372,21 @@ pub(crate) async fn insert_events(
               ORDER BY 1, 2
              ON CONFLICT DO NOTHING),
          r AS (
-             INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, priority)
-             SELECT gen_random_uuid(), x.function_id, x.event_id, 'queued', x.start_at, x.max_attempts, x.priority
+             INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, priority,
+                                        start_by, deadline_at)
+             SELECT gen_random_uuid(), x.function_id, x.event_id, 'queued', x.start_at, x.max_attempts, x.priority,
+                    x.start_at + make_interval(secs => x.start_timeout_secs),
+                    x.start_at + make_interval(secs => x.finish_timeout_secs)
                FROM fan x WHERE x.debounce_s IS NULL AND x.singleton_mode IS NULL
              RETURNING id, event_id, run_at),
          dr AS (
              INSERT INTO durastep.runs AS old (id, function_id, event_id, state, run_at, max_attempts, priority,
-                                               debounce_key, debounce_deadline)
+                                               debounce_key, debounce_deadline, start_by, deadline_at)
              SELECT DISTINCT ON (x.function_id, x.dkey) gen_random_uuid(), x.function_id, x.event_id, 'queued',
                     x.start_at + make_interval(secs => x.debounce_s), x.max_attempts, x.priority, x.dkey,
-                    x.start_at + make_interval(secs => x.debounce_max_s)
+                    x.start_at + make_interval(secs => x.debounce_max_s),
+                    x.start_at + make_interval(secs => x.debounce_s + x.start_timeout_secs),
+                    x.start_at + make_interval(secs => x.debounce_s + x.finish_timeout_secs)
                FROM fan x WHERE x.debounce_s IS NOT NULL
               ORDER BY x.function_id, x.dkey, x.ord DESC
              ON CONFLICT (function_id, debounce_key) WHERE state = 'queued' AND debounce_key IS NOT NULL
@@ -243,7 +396,8 @@ pub(crate) async fn insert_events(
          sc AS (
              UPDATE durastep.runs o
                 SET state = 'cancelled', finished_at = durastep.now(), lease_expires_at = NULL, worker_id = NULL,
-                    last_error = 'cancelled: a newer event arrived for singleton key ' || o.singleton_key
+                    last_error = 'cancelled: a newer event arrived for singleton key ' || o.singleton_key,
+                    cancel_reason = 'a newer event arrived for singleton key ' || o.singleton_key
               WHERE o.id IN (
                     SELECT a.id FROM durastep.runs a
                      WHERE a.state IN ('queued', 'running', 'sleeping', 'waiting') AND a.singleton_key IS NOT NULL
@@ -253,9 +407,12 @@ pub(crate) async fn insert_events(
                 AND o.state IN ('queued', 'running', 'sleeping', 'waiting')
              RETURNING o.id),
          sr AS (
-             INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, priority, singleton_key)
+             INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, priority, singleton_key,
+                                        start_by, deadline_at)
              SELECT DISTINCT ON (x.function_id, x.skey) gen_random_uuid(), x.function_id, x.event_id, 'queued',
-                    x.start_at, x.max_attempts, x.priority, x.skey
+                    x.start_at, x.max_attempts, x.priority, x.skey,
+                    x.start_at + make_interval(secs => x.start_timeout_secs),
+                    x.start_at + make_interval(secs => x.finish_timeout_secs)
                FROM fan x WHERE x.singleton_mode IS NOT NULL AND (SELECT count(*) FROM sc) >= 0
               ORDER BY x.function_id, x.skey, CASE WHEN x.singleton_mode = 'cancel_old' THEN -x.ord ELSE x.ord END
              ON CONFLICT (function_id, singleton_key)
@@ -277,13 +434,67 @@ pub(crate) async fn insert_events(
          merged AS (
              SELECT x.event_id, d.id FROM fan x
                JOIN dr d ON d.function_id = x.function_id AND d.debounce_key = x.dkey
-              WHERE x.debounce_s IS NOT NULL AND d.event_id <> x.event_id)
+              WHERE x.debounce_s IS NOT NULL AND d.event_id <> x.event_id),
+         fresh AS (
+             SELECT i.id, i.name, i.payload::jsonb AS payload, i.ord FROM input i JOIN ev ON ev.id = i.id),
+         cspec AS (
+             SELECT f.id AS function_id, fr.name,
+                    fr.payload #> ARRAY(SELECT jsonb_array_elements_text(c->'event_path')) AS want,
+                    ARRAY(SELECT jsonb_array_elements_text(c->'run_path')) AS run_path
+               FROM fresh fr, durastep.functions f, jsonb_array_elements(f.cancel_on) c
+              WHERE f.cancel_on <> '[]' AND c->>'event' = fr.name),
+         cx AS (
+             SELECT DISTINCT ON (cr.id) cr.id, s.name
+               FROM cspec s
+               JOIN durastep.runs cr ON cr.function_id = s.function_id
+                                    AND cr.state IN ('queued', 'running', 'sleeping', 'waiting')
+               JOIN durastep.events ce ON ce.id = cr.event_id
+              WHERE s.want IS NOT NULL AND (ce.payload #> s.run_path) = s.want
+              ORDER BY cr.id),
+         dx AS (
+             SELECT DISTINCT ON (w.run_id, w.step_key) w.run_id, w.step_key, fr.id AS event_id, fr.payload
+               FROM fresh fr JOIN durastep.waits w ON w.event_name = fr.name
+              WHERE w.match_path IS NULL OR (fr.payload #> w.match_path) = w.match_value
+              ORDER BY w.run_id, w.step_key, fr.ord),
+         lk AS (
+             SELECT l.id, l.state, l.lease_epoch FROM durastep.runs l
+              WHERE l.id IN (SELECT id FROM cx UNION SELECT run_id FROM dx)
+                AND l.state IN ('queued', 'running', 'sleeping', 'waiting')
+              ORDER BY l.id FOR NO KEY UPDATE),
+         upd AS (
+             UPDATE durastep.runs u
+                SET state = CASE WHEN cx.id IS NOT NULL THEN 'cancelled' ELSE 'queued' END,
+                    run_at = CASE WHEN cx.id IS NOT NULL THEN u.run_at ELSE durastep.now() END,
+                    finished_at = CASE WHEN cx.id IS NOT NULL THEN durastep.now() END,
+                    cancel_reason = CASE WHEN cx.id IS NOT NULL THEN 'cancelled by event ' || cx.name
+                                         ELSE u.cancel_reason END,
+                    lease_expires_at = CASE WHEN cx.id IS NOT NULL THEN NULL ELSE u.lease_expires_at END,
+                    worker_id = CASE WHEN cx.id IS NOT NULL THEN NULL ELSE u.worker_id END
+               FROM lk LEFT JOIN cx ON cx.id = lk.id
+              WHERE u.id = lk.id AND (cx.id IS NOT NULL OR lk.state = 'waiting')
+             RETURNING u.id, u.state),
+         res AS (
+             INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch)
+             SELECT dx.run_id, dx.step_key, jsonb_build_object('event_id', dx.event_id, 'data', dx.payload),
+                    lk.lease_epoch
+               FROM dx JOIN lk ON lk.id = dx.run_id
+              WHERE dx.run_id NOT IN (SELECT id FROM cx)
+             ON CONFLICT DO NOTHING
+             RETURNING run_id),
+         del AS (
+             DELETE FROM durastep.waits w
+              WHERE w.run_id IN (SELECT lk.id FROM lk JOIN cx ON cx.id = lk.id)
+                 OR w.run_id IN (SELECT id FROM sc)
+                 OR (w.run_id, w.step_key) IN (SELECT dx.run_id, dx.step_key FROM dx JOIN lk ON lk.id = dx.run_id)
+             RETURNING w.run_id)
          SELECT i.ord, i.id, (ev.id IS NOT NULL) AS inserted,
                 ARRAY(SELECT c.id FROM created c WHERE c.event_id = i.id
                       UNION SELECT k.id FROM sk k WHERE k.event_id = i.id
                       UNION SELECT m.id FROM merged m WHERE m.event_id = i.id ORDER BY 1) AS run_ids,
                 (SELECT pg_notify('durastep_wakeup', '')
-                  WHERE EXISTS (SELECT 1 FROM created c WHERE c.run_at <= durastep.now())) IS NULL AS _n
+                  WHERE EXISTS (SELECT 1 FROM created c WHERE c.run_at <= durastep.now())
+                     OR EXISTS (SELECT 1 FROM upd WHERE upd.state = 'queued')) IS NULL AS _n,
+                (SELECT count(*) FROM res) + (SELECT count(*) FROM del) AS _touched
            FROM input i LEFT JOIN ev ON ev.id = i.id
           ORDER BY i.ord",
     )
@@ -331,6 +542,154 @@ pub(crate) async fn insert_events(
     Ok(out)
 }
 
+/// How [`cancel_run`] went.
+pub(crate) enum CancelOutcome {
+    /// No run has this id.
+    Unknown,
+    /// The run had already finished in this state; nothing changed.
+    Finished(String),
+    /// Cancelled now (from this state).
+    Cancelled,
+}
+
+/// Cancels one unfinished run: its state becomes `cancelled`, so every later
+/// fenced write of a running attempt matches nothing, and its waits are removed.
+pub(crate) async fn cancel_run(pool: &PgPool, run_id: Uuid, reason: &str) -> Result<CancelOutcome, sqlx::Error> {
+    let row: Option<(String, bool)> = sqlx::query_as(
+        "WITH l AS (SELECT id, state FROM durastep.runs WHERE id = $1 FOR NO KEY UPDATE),
+         u AS (
+             UPDATE durastep.runs r
+                SET state = 'cancelled', cancel_reason = $2, finished_at = durastep.now(),
+                    lease_expires_at = NULL, worker_id = NULL
+               FROM l WHERE r.id = l.id AND l.state NOT IN ('completed', 'failed', 'cancelled')
+             RETURNING r.id),
+         d AS (DELETE FROM durastep.waits w WHERE w.run_id IN (SELECT id FROM u) RETURNING w.run_id)
+         SELECT l.state, EXISTS (SELECT 1 FROM u) AND (SELECT count(*) FROM d) >= 0 FROM l",
+    )
+    .bind(run_id)
+    .bind(reason)
+    .fetch_optional(pool)
+    .await?;
+    Ok(match row {
+        None => CancelOutcome::Unknown,
+        Some((_, true)) => CancelOutcome::Cancelled,
+        Some((state, false)) => CancelOutcome::Finished(state),
+    })
+}
+
+/// What a wait for an event came to, when it was not left waiting.
+pub(crate) enum WaitOutcome {
+    /// The run is `waiting`; the attempt ends.
+    Suspended,
+    /// Resolved: the stored result (an event or a timeout record).
+    Resolved(Value),
+    /// The attempt no longer holds the run.
+    Fenced,
+}
+
+/// What a wait stores for its step when it times out.
+pub(crate) const WAIT_TIMED_OUT: &str = r#"{"timed_out": true}"#;
+
+/// Records a wait for an event of `event_name` whose value at `path` equals
+/// `value` (any event of the name when `path` is None), and suspends the run
+/// until it arrives or until the deadline, which is computed at the first call
+/// (`timeout_secs` from then; None: no deadline) and kept by the wait's row.
+/// A result already stored (an event delivered since the claim) is returned
+/// instead; a deadline already passed stores the timeout record.
+///
+/// Lock order: the topic row first (an UPDATE, which conflicts with every
+/// sender's FOR SHARE, see `lock_topics`), then the run row (fencing).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn wait_for_event(
+    pool: &PgPool,
+    run_id: Uuid,
+    epoch: i64,
+    key: &str,
+    event_name: &str,
+    path: Option<&[String]>,
+    value: Option<&str>,
+    timeout_secs: Option<f64>,
+) -> Result<WaitOutcome, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO durastep.topics (name, waits) VALUES ($1, 1)
+         ON CONFLICT (name) DO UPDATE SET waits = durastep.topics.waits + 1",
+    )
+    .bind(event_name)
+    .execute(&mut *tx)
+    .await?;
+    // A fresh statement: its snapshot is taken after the topic lock.
+    let state: Option<(Option<Value>, DateTime<Utc>, bool)> = sqlx::query_as(
+        "WITH l AS (SELECT id FROM durastep.runs WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
+                     FOR NO KEY UPDATE),
+         dl AS (SELECT coalesce(
+                   (SELECT w.expires_at FROM durastep.waits w WHERE w.run_id = $1 AND w.step_key = $3),
+                   CASE WHEN $4::float8 IS NULL THEN 'infinity'::timestamptz
+                        ELSE durastep.now() + make_interval(secs => $4) END) AS at)
+         SELECT (SELECT s.output FROM durastep.step_results s WHERE s.run_id = $1 AND s.step_key = $3),
+                dl.at, dl.at <= durastep.now()
+           FROM l, dl",
+    )
+    .bind(run_id)
+    .bind(epoch)
+    .bind(key)
+    .bind(timeout_secs)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((stored, deadline, due)) = state else {
+        return Ok(WaitOutcome::Fenced);
+    };
+    if let Some(stored) = stored {
+        sqlx::query("DELETE FROM durastep.waits WHERE run_id = $1 AND step_key = $2")
+            .bind(run_id)
+            .bind(key)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        return Ok(WaitOutcome::Resolved(stored));
+    }
+    if due {
+        // No sender can deliver meanwhile (we hold the topic), so the insert stores.
+        let stored: Option<Value> = sqlx::query_scalar(
+            "WITH d AS (DELETE FROM durastep.waits WHERE run_id = $1 AND step_key = $2),
+             ins AS (INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch)
+                     VALUES ($1, $2, $3::jsonb, $4) ON CONFLICT DO NOTHING RETURNING output)
+             SELECT output FROM ins",
+        )
+        .bind(run_id)
+        .bind(key)
+        .bind(WAIT_TIMED_OUT)
+        .bind(epoch)
+        .fetch_optional(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        return match stored {
+            Some(v) => Ok(WaitOutcome::Resolved(v)),
+            None => Ok(load_step(&mut *pool.acquire().await?, run_id, key)
+                .await?
+                .map_or(WaitOutcome::Fenced, WaitOutcome::Resolved)),
+        };
+    }
+    sqlx::query(
+        "WITH w AS (
+             INSERT INTO durastep.waits (run_id, step_key, event_name, match_path, match_value, expires_at)
+             VALUES ($1, $2, $3, $4, $5::jsonb, $6)
+             ON CONFLICT (run_id, step_key) DO NOTHING)
+         UPDATE durastep.runs SET state = 'waiting', run_at = $6, lease_expires_at = NULL, worker_id = NULL
+          WHERE id = $1",
+    )
+    .bind(run_id)
+    .bind(key)
+    .bind(event_name)
+    .bind(path)
+    .bind(value)
+    .bind(deadline)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(WaitOutcome::Suspended)
+}
+
 /// A run a worker has claimed, with everything its attempt needs.
 pub(crate) struct ClaimedRun {
     pub id: Uuid,
@@ -369,18 +728,32 @@ pub(crate) async fn claim_runnable(
 ) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
     let rows = sqlx::query(
         "WITH cand AS MATERIALIZED (
-             SELECT id, function_id, event_id, priority, run_at FROM durastep.runs
-              WHERE state IN ('queued', 'sleeping') AND run_at <= durastep.now()
+             SELECT id, function_id, event_id, priority, run_at,
+                    (started_at IS NULL AND start_by < durastep.now()) AS late,
+                    (deadline_at < durastep.now()) AS overdue
+               FROM durastep.runs
+              WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
                 AND function_id = ANY ($1)
               ORDER BY priority DESC, run_at
               LIMIT $2
               FOR UPDATE SKIP LOCKED),
+         expired AS (
+             UPDATE durastep.runs x
+                SET state = 'cancelled', finished_at = durastep.now(),
+                    cancel_reason = CASE WHEN cand.overdue THEN 'finish timeout: not finished by ' || x.deadline_at
+                                         ELSE 'start timeout: not started by ' || x.start_by END
+               FROM cand WHERE x.id = cand.id AND (cand.late OR cand.overdue)
+             RETURNING x.id),
+         gone AS (DELETE FROM durastep.waits w WHERE w.run_id IN (SELECT id FROM expired)),
+         live AS MATERIALIZED (
+             SELECT id, function_id, event_id, priority, run_at FROM cand
+              WHERE NOT coalesce(cand.late, false) AND NOT coalesce(cand.overdue, false)),
          t AS (SELECT durastep.now() AS now),
          ck AS MATERIALIZED (
              SELECT c.id, c.priority, c.run_at, ff.rule, fr.kind, fr.capacity, fr.burst,
                     CASE WHEN fr.capacity > 0 THEN fr.period_s / fr.capacity ELSE 0 END AS emit_s,
                     durastep.flow_key(e.payload, ff.key_path, false, c.function_id, ff.key_pointer) AS key
-               FROM cand c
+               FROM live c
                JOIN durastep.function_flow ff ON ff.function_id = c.function_id
                JOIN durastep.flow_rules fr ON fr.name = ff.rule
                JOIN durastep.events e ON e.id = c.event_id),
@@ -399,7 +772,7 @@ pub(crate) async fn claim_runnable(
              SELECT ck.*, (fk.rule IS NOT NULL) AS locked, fk.in_use, fk.tat, fk.horizon, fk.paused_until
                FROM ck LEFT JOIN fk ON fk.rule = ck.rule AND fk.key = ck.key),
          lockable AS MATERIALIZED (
-             SELECT c.id FROM cand c
+             SELECT c.id FROM live c
               WHERE NOT EXISTS (SELECT 1 FROM ckf WHERE ckf.id = c.id AND NOT ckf.locked)),
          judged AS MATERIALIZED (
              SELECT x.*, greatest(coalesce(x.tat, t.now), t.now) AS base,
@@ -499,7 +872,8 @@ pub(crate) async fn claim_runnable(
                      WHERE p.kind = 'concurrency' AND p.capacity - p.in_use - p.n > 0)
              RETURNING r.id)
          SELECT c.id, c.function_id, c.event_id, c.attempt, c.lease_epoch, c.payload, c.db_now, c.steps,
-                (SELECT count(*) FROM parked) + (SELECT count(*) FROM skipped) + (SELECT count(*) FROM woken) AS moved
+                (SELECT count(*) FROM parked) + (SELECT count(*) FROM skipped) + (SELECT count(*) FROM woken)
+                  + (SELECT count(*) FROM expired) AS moved
            FROM (SELECT 1) AS one LEFT JOIN claimed c ON true",
     )
     .bind(functions)
@@ -539,7 +913,7 @@ pub(crate) async fn claim_runnable(
 pub(crate) async fn next_due_in(pool: &PgPool, functions: &[String]) -> Result<Option<Duration>, sqlx::Error> {
     let secs: Option<f64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM min(run_at) - durastep.now())::float8 FROM durastep.runs
-          WHERE state IN ('queued', 'sleeping') AND function_id = ANY ($1)",
+          WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at < 'infinity' AND function_id = ANY ($1)",
     )
     .bind(functions)
     .fetch_one(pool)
@@ -606,6 +980,38 @@ pub(crate) async fn reap_expired(pool: &PgPool, seen: &[(Uuid, i64)]) -> Result<
     .bind(&epochs)
     .fetch_all(pool)
     .await
+}
+
+/// Cancels runs past their finish deadline (any unfinished state) or their
+/// start deadline (never started), skipping rows others hold; returns how many.
+/// A running run's attempt is then fenced like any cancelled run's.
+pub(crate) async fn expire_timeouts(pool: &PgPool, limit: i64) -> Result<u64, sqlx::Error> {
+    let n: i64 = sqlx::query_scalar(
+        "WITH c AS (
+             (SELECT id FROM durastep.runs
+               WHERE deadline_at < durastep.now() AND state IN ('queued', 'running', 'sleeping', 'waiting')
+               LIMIT $1)
+             UNION
+             (SELECT id FROM durastep.runs
+               WHERE start_by < durastep.now() AND started_at IS NULL AND state = 'queued' LIMIT $1)),
+         l AS (SELECT r.id FROM durastep.runs r JOIN c ON c.id = r.id
+                WHERE r.state IN ('queued', 'running', 'sleeping', 'waiting')
+                ORDER BY r.id FOR NO KEY UPDATE OF r SKIP LOCKED),
+         u AS (
+             UPDATE durastep.runs r
+                SET state = 'cancelled', finished_at = durastep.now(), lease_expires_at = NULL, worker_id = NULL,
+                    cancel_reason = CASE WHEN r.deadline_at < durastep.now()
+                                         THEN 'finish timeout: not finished by ' || r.deadline_at
+                                         ELSE 'start timeout: not started by ' || r.start_by END
+               FROM l WHERE r.id = l.id
+             RETURNING r.id),
+         d AS (DELETE FROM durastep.waits w WHERE w.run_id IN (SELECT id FROM u))
+         SELECT count(*) FROM u",
+    )
+    .bind(limit)
+    .fetch_one(pool)
+    .await?;
+    Ok(n as u64)
 }
 
 /// One pending write of the group commit.
@@ -832,6 +1238,130 @@ pub(crate) async fn suspend_until(
     .await
 }
 
+/// How an invoke went, when it did not leave the parent waiting.
+pub(crate) enum InvokeOutcome {
+    /// The parent is `waiting` for its child; the attempt ends.
+    Suspended,
+    /// Resolved: the stored result (the child's outcome, or a timeout record).
+    Resolved(Value),
+    /// The attempt no longer holds the parent.
+    Fenced,
+    /// No function has this id.
+    UnknownFunction,
+}
+
+/// Starts (once) the child run of `function_id` for the parent's step `key`,
+/// with `input`, and suspends the parent until the child finishes (the
+/// `runs_child_finished` trigger stores the outcome and wakes the parent) or
+/// until `timeout_secs` after the child was created (None: no deadline). A
+/// child that already exists for this step is reused, never started twice (the
+/// unique index `runs_parent`). On timeout the timeout record is stored and
+/// the child is cancelled. All in one transaction, fenced on the parent.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn invoke(
+    pool: &PgPool,
+    run_id: Uuid,
+    epoch: i64,
+    key: &str,
+    function_id: &str,
+    input: &str,
+    timeout_secs: Option<f64>,
+) -> Result<InvokeOutcome, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let live: Option<Option<Value>> = sqlx::query_scalar(
+        "WITH l AS (SELECT id FROM durastep.runs WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
+                     FOR NO KEY UPDATE)
+         SELECT (SELECT s.output FROM durastep.step_results s WHERE s.run_id = $1 AND s.step_key = $3) FROM l",
+    )
+    .bind(run_id)
+    .bind(epoch)
+    .bind(key)
+    .fetch_optional(&mut *tx)
+    .await?;
+    match live {
+        None => return Ok(InvokeOutcome::Fenced),
+        Some(Some(stored)) => {
+            tx.commit().await?;
+            return Ok(InvokeOutcome::Resolved(stored));
+        }
+        Some(None) => {}
+    }
+    sqlx::query(
+        "WITH f AS (SELECT id, max_attempts, start_timeout_secs, finish_timeout_secs
+                      FROM durastep.functions WHERE id = $3),
+         ev AS (
+             INSERT INTO durastep.events (id, name, payload, idempotency_key)
+             SELECT gen_random_uuid(), 'durastep/invoke:' || f.id, $4::jsonb, $1::text || ':' || $2 FROM f
+              WHERE NOT EXISTS (SELECT 1 FROM durastep.runs c WHERE c.parent_run_id = $1 AND c.parent_step_key = $2)
+             ON CONFLICT DO NOTHING
+             RETURNING id)
+         INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, parent_run_id, parent_step_key,
+                                    start_by, deadline_at)
+         SELECT gen_random_uuid(), f.id, ev.id, 'queued', durastep.now(), f.max_attempts, $1, $2,
+                durastep.now() + make_interval(secs => f.start_timeout_secs),
+                durastep.now() + make_interval(secs => f.finish_timeout_secs)
+           FROM f, ev",
+    )
+    .bind(run_id)
+    .bind(key)
+    .bind(function_id)
+    .bind(input)
+    .execute(&mut *tx)
+    .await?;
+    let child: Option<(Uuid, DateTime<Utc>, bool)> = sqlx::query_as(
+        "SELECT c.id, d.at, d.at <= durastep.now()
+           FROM durastep.runs c,
+                LATERAL (SELECT CASE WHEN $3::float8 IS NULL THEN 'infinity'::timestamptz
+                                     ELSE c.created_at + make_interval(secs => $3) END AS at) d
+          WHERE c.parent_run_id = $1 AND c.parent_step_key = $2",
+    )
+    .bind(run_id)
+    .bind(key)
+    .bind(timeout_secs)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((child_id, deadline, due)) = child else {
+        return Ok(InvokeOutcome::UnknownFunction);
+    };
+    if due {
+        let stored: Value = sqlx::query_scalar(
+            "WITH ins AS (INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch)
+                          VALUES ($1, $2, $3::jsonb, $4) ON CONFLICT DO NOTHING RETURNING output)
+             SELECT coalesce((SELECT output FROM ins),
+                             (SELECT output FROM durastep.step_results WHERE run_id = $1 AND step_key = $2))",
+        )
+        .bind(run_id)
+        .bind(key)
+        .bind(WAIT_TIMED_OUT)
+        .bind(epoch)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE durastep.runs SET state = 'cancelled', cancel_reason = 'the parent stopped waiting (invoke timeout)',
+                    finished_at = durastep.now(), lease_expires_at = NULL, worker_id = NULL
+              WHERE id = $1 AND state NOT IN ('completed', 'failed', 'cancelled')",
+        )
+        .bind(child_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        return Ok(InvokeOutcome::Resolved(stored));
+    }
+    // The parent's row is locked by this transaction (the fencing read above).
+    sqlx::query(
+        "UPDATE durastep.runs SET state = 'waiting', run_at = $2, lease_expires_at = NULL, worker_id = NULL
+          WHERE id = $1",
+    )
+    .bind(run_id)
+    .bind(deadline)
+    .execute(&mut *tx)
+    .await?;
+    // The child may be new and due now.
+    sqlx::query("SELECT pg_notify('durastep_wakeup', '')").execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(InvokeOutcome::Suspended)
+}
+
 /// Gives a run back without counting the attempt (graceful shutdown).
 pub(crate) async fn release_run(pool: &PgPool, run_id: Uuid, epoch: i64) -> Result<bool, sqlx::Error> {
     let r = sqlx::query(
@@ -905,6 +1435,7 @@ pub(crate) struct RunRow {
     pub max_attempts: i32,
     pub run_at: DateTime<Utc>,
     pub last_error: Option<String>,
+    pub cancel_reason: Option<String>,
     pub output: Option<Value>,
     pub created_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -917,7 +1448,7 @@ pub(crate) struct RunRow {
 pub(crate) async fn load_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT r.id, r.function_id, r.event_id, r.state, r.attempt, r.max_attempts, r.run_at, r.last_error,
-                r.output, r.created_at, r.finished_at,
+                r.cancel_reason, r.output, r.created_at, r.finished_at,
                 CASE WHEN r.state = 'queued' THEN r.park_rule END AS park_rule,
                 CASE WHEN r.state = 'queued' THEN r.park_key END AS park_key,
                 CASE WHEN r.state = 'queued' THEN fr.kind END AS park_kind

@@ -105,12 +105,23 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         );
 
         let mut background = vec![
-            tokio::spawn(heartbeat_loop(engine.clone(), held.clone(), stop_background.clone())),
-            tokio::spawn(reaper_loop(engine.clone(), stop_background.clone())),
+            spawn_supervised("heartbeat", {
+                let (engine, held, stop) = (engine.clone(), held.clone(), stop_background.clone());
+                move || heartbeat_loop(engine.clone(), held.clone(), stop.clone())
+            }),
+            spawn_supervised("own-clock", {
+                let (engine, held, stop) = (engine.clone(), held.clone(), stop_background.clone());
+                move || own_clock_loop(engine.clone(), held.clone(), stop.clone())
+            }),
+            spawn_supervised("reaper", {
+                let (engine, stop) = (engine.clone(), stop_background.clone());
+                move || reaper_loop(engine.clone(), stop.clone())
+            }),
         ];
         if opts.listen {
             background.push(tokio::spawn(listen_loop(engine.clone(), wake.clone(), stop_background.clone())));
         }
+        background.push(tokio::spawn(cron_loop(engine.clone(), stop_background.clone())));
 
         let slots = Arc::new(Semaphore::new(opts.max_in_flight.max(1)));
         let mut executors = tokio::task::JoinSet::new();
@@ -119,7 +130,16 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             if shutdown.is_cancelled() {
                 break;
             }
-            while executors.try_join_next().is_some() {}
+            while let Some(joined) = executors.try_join_next() {
+                if let Err(e) = joined
+                    && e.is_panic()
+                {
+                    tracing::error!(
+                        "executor panicked: {}; its run's lease will expire",
+                        panic_message(e.into_panic())
+                    );
+                }
+            }
             let free = slots.available_permits();
             if free == 0 {
                 tokio::select! {
@@ -128,10 +148,9 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 }
             }
             let want = free.min(opts.claim_batch.max(1));
-            crate::failpoint!("claim-before-commit");
             // The lease starts when the database runs the claim: count from before we send it.
             let claim_sent = Instant::now();
-            let claimed = store::claim_runnable(&engine.pool, &functions, want as i64, opts.lease, worker_id).await;
+            let claimed = claim_round(&engine, &functions, want, worker_id).await;
             let (claimed, moved) = match claimed {
                 Ok(runs) => {
                     failures = 0;
@@ -147,7 +166,6 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     }
                 }
             };
-            crate::failpoint!("claim-after-commit");
             let got = claimed.len();
             for run in claimed {
                 let Ok(permit) = slots.clone().try_acquire_owned() else {
@@ -161,16 +179,10 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 let (engine, held, writer, slot_freed) =
                     (engine.clone(), held.clone(), writer.clone(), slot_freed.clone());
                 executors.spawn(async move {
-                    let (run_id, epoch) = (run.id, run.lease_epoch);
+                    // Dropped when the attempt ends, also if `execute` panics: the
+                    // run is no longer held (its lease then expires) and the slot is free.
+                    let _done = Done { held, run_id: run.id, epoch: run.lease_epoch, slot_freed, permit: Some(permit) };
                     execute(&engine, run, writer, lost).await;
-                    let mut held = lock(&held);
-                    // A newer attempt of the same run may already be held here.
-                    if held.get(&run_id).is_some_and(|h| h.epoch == epoch) {
-                        held.remove(&run_id);
-                    }
-                    drop(held);
-                    drop(permit);
-                    slot_freed.notify_one();
                 });
             }
             // Flow control parked, skipped or woke runs: more may be claimable now.
@@ -224,6 +236,85 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
     }
     .instrument(span)
     .await
+}
+
+/// One claim round, in a task of its own so that a panic in it (a bug, or the
+/// `panic` failpoint action) fails this round only: the claim loop logs it and
+/// retries, as after a failed claim statement.
+async fn claim_round(
+    engine: &Arc<EngineInner>,
+    functions: &[String],
+    want: usize,
+    worker_id: Uuid,
+) -> Result<(Vec<ClaimedRun>, i64), String> {
+    let (engine, functions) = (engine.clone(), functions.to_vec());
+    let round = tokio::spawn(async move {
+        crate::failpoint!("claim-before-commit", Err("failpoint claim-before-commit".to_owned()));
+        let lease = engine.worker.lease;
+        let (runs, moved) = store::claim_runnable(&engine.pool, &functions, want as i64, lease, worker_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !runs.is_empty() {
+            // The claim committed but its answer is lost: the runs stay claimed
+            // until their leases expire and a reaper takes them back.
+            crate::failpoint!("claim-after-commit", Err("failpoint claim-after-commit".to_owned()));
+        }
+        Ok((runs, moved))
+    });
+    match round.await {
+        Ok(result) => result,
+        Err(e) if e.is_panic() => Err(format!("claim round panicked: {}", panic_message(e.into_panic()))),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Runs a background task of the worker, and runs it again if it panics (a
+/// bug, or the `panic` failpoint action), so that a panic cannot silently stop
+/// the heartbeats, the reaper or a checkpoint writer for good. Returns when the
+/// task returns.
+pub(crate) fn spawn_supervised<F, Fut>(name: &'static str, make: F) -> tokio::task::JoinHandle<()>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            match tokio::spawn(make()).await {
+                Err(e) if e.is_panic() => {
+                    tracing::error!(
+                        task = name,
+                        "worker task panicked: {}; restarting it",
+                        panic_message(e.into_panic())
+                    );
+                }
+                _ => return,
+            }
+        }
+    })
+}
+
+/// The end of one executor: releases its run's slot and its place in the held
+/// runs, whether the attempt ended normally or its executor panicked.
+struct Done {
+    held: HeldRuns,
+    run_id: Uuid,
+    epoch: i64,
+    slot_freed: Arc<Notify>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        let mut held = lock(&self.held);
+        // A newer attempt of the same run may already be held here.
+        if held.get(&self.run_id).is_some_and(|h| h.epoch == self.epoch) {
+            held.remove(&self.run_id);
+        }
+        drop(held);
+        // Free the slot before telling the claim loop, which then counts free slots.
+        drop(self.permit.take());
+        self.slot_freed.notify_one();
+    }
 }
 
 /// How an attempt ended, before its end is written.
@@ -332,7 +423,10 @@ async fn complete(engine: &EngineInner, run: &RunRef, writer: &Writer, output: s
             return fail(engine, run, 1, &crate::Backoff::default(), false, e).await;
         }
     };
-    crate::failpoint!("complete-before-commit");
+    crate::failpoint!(
+        "complete-before-commit",
+        tracing::warn!("failpoint complete-before-commit: completion not stored; the lease will expire")
+    );
     match writer.write(PendingWrite::Complete { run_id: run.id, epoch: run.lease_epoch, output: text }).await {
         Ok(WriteOutcome::Stored) => tracing::debug!("run completed"),
         Ok(_) => tracing::warn!("completion fenced: lease lost"),
@@ -406,13 +500,13 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// Extends every held lease in one statement per interval. A run the database
-/// no longer gives this worker, or whose lease could not be extended within one
-/// lease by this worker's own clock, has its handler dropped.
+/// no longer gives this worker has its handler dropped. A statement that gets
+/// no answer within one lease is abandoned (its connection is dropped), so a
+/// connection lost in a network partition cannot stall the heartbeats for
+/// good; [`own_clock_loop`] drops the handlers meanwhile.
 async fn heartbeat_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: CancellationToken) {
     let opts = &engine.worker;
     let tick = opts.heartbeat_interval.min(opts.lease / 3).max(Duration::from_millis(10));
-    // Give up on a lease a little before it can expire in the database.
-    let own_clock_limit = opts.lease.mul_f64(0.9);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
@@ -427,8 +521,15 @@ async fn heartbeat_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: Cancella
         if crate::failpoints::eval("heartbeat").await {
             continue;
         }
-        match store::extend_leases(&engine.control_pool, &pairs, opts.lease).await {
-            Ok(still) => {
+        let extended = tokio::time::timeout(opts.lease, store::extend_leases(&engine.control_pool, &pairs, opts.lease));
+        let extended = tokio::select! {
+            r = extended => r,
+            _ = stop.cancelled() => return,
+        };
+        match extended {
+            Err(_) => tracing::warn!(after = ?opts.lease, "heartbeat got no answer; abandoned"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "heartbeat failed"),
+            Ok(Ok(still)) => {
                 let still: std::collections::HashSet<Uuid> = still.into_iter().collect();
                 let mut held = lock(&held);
                 for (id, epoch) in &pairs {
@@ -442,13 +543,39 @@ async fn heartbeat_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: Cancella
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
         }
+    }
+}
+
+/// The own-clock lease check: a held run whose lease was not extended within
+/// 90% of the lease by this worker's monotonic clock has its handler dropped,
+/// a little before the lease can expire in the database. It runs on its own
+/// timer, waking at the earliest such deadline (and at least every 100 ms),
+/// so neither the heartbeat tick nor a heartbeat statement stuck on a dead
+/// connection can delay it.
+async fn own_clock_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: CancellationToken) {
+    let limit = engine.worker.lease.mul_f64(0.9);
+    loop {
+        let now = Instant::now();
+        let mut earliest = now + limit;
         for (id, h) in lock(&held).iter() {
-            if h.last_extended.elapsed() > own_clock_limit && !h.lost.is_cancelled() {
+            if h.lost.is_cancelled() {
+                continue;
+            }
+            let deadline = h.last_extended + limit;
+            if deadline <= now {
                 tracing::warn!(run_id = %id, "lease not extended in time by this worker's clock; dropping handler");
                 h.lost.cancel();
+            } else {
+                earliest = earliest.min(deadline);
             }
+        }
+        // A run claimed meanwhile counts from when its claim was sent, which a
+        // slow claim puts in the past: look again at least every 100 ms.
+        let wake = earliest.min(now + Duration::from_millis(100));
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake.into()) => {}
+            _ = stop.cancelled() => return,
         }
     }
 }
@@ -468,11 +595,18 @@ async fn reaper_loop(engine: Arc<EngineInner>, stop: CancellationToken) {
 
 /// One reaper pass; returns how many runs were taken back.
 pub(crate) async fn reap_once(pool: &sqlx::PgPool) -> Result<usize, Error> {
+    let timed_out = store::expire_timeouts(pool, 100).await.map_err(from_sqlx)?;
+    if timed_out > 0 {
+        tracing::info!(timed_out, "cancelled runs past their start or finish timeout");
+    }
     let seen = store::find_expired_leases(pool, 100).await.map_err(from_sqlx)?;
     if seen.is_empty() {
         return Ok(0);
     }
-    crate::failpoint!("reaper-between-select-and-update");
+    crate::failpoint!(
+        "reaper-between-select-and-update",
+        Err(from_sqlx(sqlx::Error::Protocol("failpoint reaper-between-select-and-update".into())))
+    );
     let reaped = store::reap_expired(pool, &seen).await.map_err(from_sqlx)?;
     for (id, state) in &reaped {
         tracing::warn!(run_id = %id, new_state = %state, "reaped run with expired lease");
@@ -518,4 +652,67 @@ async fn listen_loop(engine: Arc<EngineInner>, wake: Arc<Notify>, stop: Cancella
             }
         }
     }
+}
+
+/// Ticks the cron schedules of this worker's functions every poll interval.
+/// Every worker does this; the schedule row's lock and the fire-time
+/// idempotency keys make each fire time one run.
+async fn cron_loop(engine: Arc<EngineInner>, stop: CancellationToken) {
+    let mut ids: Vec<String> =
+        engine.functions.iter().filter(|(_, r)| r.schedule.is_some()).map(|(id, _)| id.clone()).collect();
+    if ids.is_empty() {
+        return;
+    }
+    ids.sort_unstable();
+    loop {
+        if let Err(e) = cron_tick(&engine, &ids).await {
+            tracing::warn!(error = %e, "cron tick failed; retrying at the next tick");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(engine.worker.poll_interval) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// One tick: for each due schedule (locked, skipping those another worker
+/// holds), sends one event per fire time since the last tick (the latest ones,
+/// up to the catch-up bound), keyed by the fire time, and records the tick.
+/// A never-ticked schedule is armed from now.
+async fn cron_tick(engine: &EngineInner, ids: &[String]) -> Result<usize, Error> {
+    let mut tx = engine.pool.begin().await.map_err(from_sqlx)?;
+    let due = store::lock_due_schedules(&mut tx, ids).await.map_err(from_sqlx)?;
+    if due.is_empty() {
+        return Ok(0);
+    }
+    let mut events = Vec::new();
+    for d in &due {
+        let Some((schedule, catch_up)) = engine.functions.get(&d.function_id).and_then(|r| r.schedule.as_ref()) else {
+            continue;
+        };
+        if let Some(last) = d.last_tick_at {
+            let mut fires = schedule.latest_in(last, d.db_now, catch_up.bound() as usize);
+            fires.reverse();
+            for at in fires {
+                let key = at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+                let event = crate::Event::new(
+                    crate::schedule::cron_event_name(&d.function_id),
+                    &crate::CronTick { scheduled_at: at },
+                )
+                .idempotency_key(key);
+                events.push(event.prepare(&engine.limits)?);
+            }
+        }
+        let next = schedule.next_after(d.db_now);
+        store::advance_schedule(&mut tx, &d.function_id, d.db_now, next).await.map_err(from_sqlx)?;
+    }
+    let fired = events.len();
+    if fired > 0 {
+        crate::engine::insert(&mut tx, &events).await?;
+    }
+    tx.commit().await.map_err(from_sqlx)?;
+    if fired > 0 {
+        tracing::info!(fired, "cron fire times sent");
+    }
+    Ok(fired)
 }

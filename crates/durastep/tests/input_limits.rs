@@ -564,3 +564,98 @@ async fn deepest_supported_nesting_runs_and_deeper_is_refused(_p: PgPoolOptions,
     let err = engine.send(Event::from_json("deep/go", text)).await.expect_err("text over the ceiling");
     assert!(matches!(err, Error::Limit(LimitError::TooDeep { limit: 120 })), "{err:?}");
 }
+
+/// Printable ASCII noise (no `#`, which step names refuse), which Postgres
+/// cannot compress into an index entry.
+fn noise(rng: &mut Rng, len: usize) -> String {
+    (0..len).map(|_| char::from(b'!' + rng.below(94) as u8)).map(|c| if c == '#' { '~' } else { c }).collect()
+}
+
+/// Regression (found by the fuzz smoke test): a `max_key_bytes` above what a
+/// btree index entry holds let a 2,704-byte idempotency key through, and the
+/// send failed with a database error ("index row size exceeds maximum") instead
+/// of a typed refusal; a step name that long failed every checkpoint. Names are
+/// now capped at `MAX_SUPPORTED_KEY_BYTES` whatever the limit says, and names
+/// at the cap are stored and run.
+#[sqlx::test(migrations = false)]
+async fn names_over_the_supported_ceiling_are_refused_before_sql(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let cap = limits::MAX_SUPPORTED_KEY_BYTES;
+    let mut rng = Rng(0x6b65_7973);
+    let (long_step, capped_step) = (noise(&mut rng, 2_800), noise(&mut rng, cap));
+    let steps =
+        Function::new("named-steps").on_event("keys/go").retries(2).handler(|ctx: Ctx, name: String| async move {
+            let n: i64 = ctx.step(&name, || async { Ok(7) }).await?;
+            Ok(n)
+        });
+    let pool = PgPoolOptions::new().max_connections(4).connect_with(opts).await.expect("connect");
+    let limits = Limits { max_key_bytes: 4096, ..Limits::default() };
+    let engine = Engine::builder()
+        .pool(pool)
+        .limits(limits)
+        .worker_options(fast_options())
+        .function(steps)
+        .build()
+        .await
+        .expect("engine");
+    let before = counts(engine.pool()).await;
+    for (what, event) in [
+        ("idempotency key", Event::new("keys/go", &"x").idempotency_key(noise(&mut rng, 2_800))),
+        ("idempotency key", Event::new("keys/go", &"x").idempotency_key(noise(&mut rng, cap + 1))),
+        ("event name", Event::new(noise(&mut rng, 2_800), &"x").idempotency_key("k")),
+    ] {
+        let err = engine.send(event).await.expect_err(what);
+        assert!(key_error(what)(&err), "{what}: {err:?}");
+    }
+    assert_eq!(counts(engine.pool()).await, before, "a refused event wrote rows");
+
+    // At the cap, a name and a key (together near the index's limit) are stored.
+    let name = noise(&mut rng, cap);
+    engine.send(Event::new(name, &"x").idempotency_key(noise(&mut rng, cap))).await.expect("names at the cap");
+    let long = engine.send(Event::new("keys/go", &long_step)).await.expect("send").run_ids[0];
+    let capped = engine.send(Event::new("keys/go", &capped_step)).await.expect("send").run_ids[0];
+    let shutdown = CancellationToken::new();
+    let worker = tokio::spawn({
+        let (e, s) = (engine.clone(), shutdown.clone());
+        async move { e.run_worker(s).await }
+    });
+    let long = engine.wait_for_run(long, DEADLINE).await.expect("run");
+    let capped = engine.wait_for_run(capped, DEADLINE).await.expect("run");
+    shutdown.cancel();
+    worker.await.expect("worker task").expect("worker");
+    assert_eq!((long.state, long.attempt), (RunState::Failed, 1), "{long:?}");
+    assert!(long.last_error.as_deref().unwrap_or("").contains("invalid step name"), "{long:?}");
+    assert_eq!((capped.state, capped.output), (RunState::Completed, Some(json!(7))), "{:?}", capped.last_error);
+
+    // A function id and a trigger at the cap are stored at build (the id also
+    // as `<id>/on-failure`); one byte more is refused before connecting.
+    let alnum = |rng: &mut Rng, len: usize| -> String {
+        const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        (0..len).map(|_| char::from(CHARS[rng.below(CHARS.len() as u64) as usize])).collect()
+    };
+    let function = |id: String, trigger: String| {
+        Function::new(id)
+            .on_event(trigger)
+            .on_failure(|_ctx: Ctx, _failed: durastep::FailedRun<()>| async { Ok(()) })
+            .handler(|_ctx: Ctx, _x: ()| async { Ok(()) })
+    };
+    let (id, trigger) = (alnum(&mut rng, cap), noise(&mut rng, cap));
+    let built = Engine::builder()
+        .pool(engine.pool().clone())
+        .limits(limits)
+        .function(function(id.clone(), trigger))
+        .build()
+        .await;
+    built.expect("a function id and trigger at the cap");
+    let stored: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM durastep.functions WHERE id IN ($1, $1 || '/on-failure')")
+            .bind(&id)
+            .fetch_one(engine.pool())
+            .await
+            .expect("count functions");
+    assert_eq!(stored, 2);
+    for (id, trigger) in [(alnum(&mut rng, cap + 1), "t".to_owned()), ("f".to_owned(), noise(&mut rng, cap + 1))] {
+        let err =
+            Engine::builder().limits(limits).function(function(id, trigger)).build().await.expect_err("over the cap");
+        assert!(matches!(err, Error::Limit(LimitError::InvalidName { .. })), "{err:?}");
+    }
+}

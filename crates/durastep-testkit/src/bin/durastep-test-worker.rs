@@ -9,7 +9,10 @@
 //! Prints one line, `ready`, on stdout once the engine is built (migrated,
 //! functions registered) and the signal handlers are installed; logs go to
 //! stderr (`RUST_LOG`). SIGTERM or SIGINT shuts the worker down gracefully,
-//! and it exits 0. Failpoints come from `DURASTEP_FAILPOINTS`.
+//! and it exits 0. Failpoints come from `DURASTEP_FAILPOINTS`, and with
+//! `--exit-on-stdin-eof` also from stdin at run time: a line
+//! `failpoint <seq> <name>=<action>` sets one and is answered on stdout by
+//! `failpoint-set <seq>`.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -87,7 +90,11 @@ async fn main() -> ExitCode {
     if args.exit_on_stdin_eof {
         // A plain thread: a blocking read must not hold up the runtime's shutdown.
         std::thread::spawn(|| {
-            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+            use std::io::BufRead;
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                command(&line);
+            }
             tracing::warn!("stdin closed: the harness is gone; exiting");
             std::process::exit(0);
         });
@@ -100,6 +107,22 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A command from the harness on stdin. `failpoint <seq> <name>=<action>` sets
+/// a failpoint (see `durastep::failpoints`) and answers `failpoint-set <seq>`
+/// on stdout once it is in force.
+fn command(line: &str) {
+    let Some(rest) = line.trim().strip_prefix("failpoint ") else {
+        return tracing::warn!(line, "unknown harness command");
+    };
+    let Some((seq, point)) = rest.split_once(' ') else { return };
+    let Some((name, action)) = point.split_once('=') else { return };
+    durastep::failpoints::set(name.trim(), action.trim());
+    tracing::info!(failpoint = name.trim(), action = action.trim(), "failpoint set by the harness");
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "failpoint-set {seq}");
+    let _ = out.flush();
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
