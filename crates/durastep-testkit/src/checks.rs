@@ -312,6 +312,42 @@ pub async fn wait_state(pool: &PgPool, id: Uuid, state: &str, timeout: Duration)
     .await
 }
 
+/// The most attempts of `functions` that executed at once, per key (the event
+/// data's `key_field`, or `""` when it is `None`): a sweep over the ledger rows
+/// with step key [`crate::functions::FLOW_ATTEMPT_KEY`], each an attempt's
+/// [start, end); an end sorts before a start at the same instant. An attempt
+/// without an end (its worker died) counts as running to the end of time.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let per_key = durastep_testkit::checks::max_overlap_per_key(&pool, &["flow-per-key"], Some("account")).await?;
+/// assert!(per_key.iter().all(|(_, n)| *n <= 3), "{per_key:?}");
+/// # Ok(()) }
+/// ```
+pub async fn max_overlap_per_key(
+    pool: &PgPool,
+    functions: &[&str],
+    key_field: Option<&str>,
+) -> Result<Vec<(String, i64)>> {
+    let functions: Vec<String> = functions.iter().map(|f| (*f).to_owned()).collect();
+    Ok(sqlx::query_as(
+        "WITH a AS (
+             SELECT CASE WHEN $2::text IS NULL THEN '' ELSE e.payload ->> $2 END AS key, l.started_at,
+                    coalesce(l.ended_at, 'infinity') AS ended_at
+               FROM testkit_ledger l JOIN durastep.runs r ON r.id = l.run_id JOIN durastep.events e ON e.id = r.event_id
+              WHERE l.step_key = $3 AND r.function_id = ANY ($1)),
+         ev AS (SELECT key, started_at AS t, 1 AS d FROM a UNION ALL SELECT key, ended_at, -1 FROM a)
+         SELECT key, max(c)::bigint FROM (
+             SELECT key, sum(d) OVER (PARTITION BY key ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS c FROM ev) x
+          GROUP BY key ORDER BY key",
+    )
+    .bind(&functions)
+    .bind(key_field)
+    .bind(crate::functions::FLOW_ATTEMPT_KEY)
+    .fetch_all(pool)
+    .await?)
+}
+
 /// A step body execution (ledger row) that started after its step's checkpoint
 /// was stored: what G2 forbids.
 ///

@@ -271,6 +271,18 @@ impl Cluster {
         Ok(self.send_all(vec![input.event()]).await?.remove(0))
     }
 
+    /// Sends events that start one run each, in batches; returns the run ids in input order.
+    ///
+    /// ```no_run
+    /// # async fn demo(c: &durastep_testkit::Cluster) -> durastep_testkit::Result<()> {
+    /// let input = durastep_testkit::FlowInput { account: "a".into(), n: 1, hold_ms: 5 };
+    /// let runs = c.send_events(vec![input.event(durastep_testkit::functions::FLOW_PER_KEY_EVENT)]).await?;
+    /// # let _ = runs; Ok(()) }
+    /// ```
+    pub async fn send_events(&self, events: Vec<Event>) -> Result<Vec<Uuid>> {
+        self.send_all(events).await
+    }
+
     /// Sends one sleeper event per input; returns the run ids in input order.
     ///
     /// ```no_run

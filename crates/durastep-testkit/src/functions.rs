@@ -24,6 +24,20 @@ pub const SLOW_STEP: &str = "slow-step";
 pub const SLOW_STEP_EVENT: &str = "testkit/slow-step";
 /// Step keys of the slow-step function, in order.
 pub const SLOW_STEP_KEYS: [&str; 2] = ["slow", "after"];
+/// Id of the flow function with a concurrency limit of [`FLOW_PER_KEY_LIMIT`] per `/account`.
+pub const FLOW_PER_KEY: &str = "flow-per-key";
+/// The event that starts a [`FLOW_PER_KEY`] run (payload: [`FlowInput`]).
+pub const FLOW_PER_KEY_EVENT: &str = "testkit/flow-per-key";
+/// The per-account concurrency limit of [`FLOW_PER_KEY`].
+pub const FLOW_PER_KEY_LIMIT: i64 = 3;
+/// Ids of the two functions that share one concurrency limit of 1 ([`FLOW_SHARED_LIMIT`]).
+pub const FLOW_SHARED: [&str; 2] = ["flow-shared-a", "flow-shared-b"];
+/// The events that start the [`FLOW_SHARED`] functions (payload: [`FlowInput`]).
+pub const FLOW_SHARED_EVENTS: [&str; 2] = ["testkit/flow-shared-a", "testkit/flow-shared-b"];
+/// The name of the limit the [`FLOW_SHARED`] functions share (Story A's "exact-online").
+pub const FLOW_SHARED_LIMIT: &str = "testkit-exact-online";
+/// The ledger's step key for a flow function's attempt: its row spans the attempt.
+pub const FLOW_ATTEMPT_KEY: &str = "attempt";
 /// Id of the sleeper function: a step, a durable sleep, a step.
 pub const SLEEPER: &str = "sleeper";
 /// The event that starts a [`SLEEPER`] run (payload: [`Sleeper`]).
@@ -105,6 +119,34 @@ impl SlowStep {
     /// ```
     pub fn event(&self) -> Event {
         Event::new(SLOW_STEP_EVENT, self)
+    }
+}
+
+/// Input of the flow functions ([`FLOW_PER_KEY`], [`FLOW_SHARED`]).
+///
+/// ```
+/// let input = durastep_testkit::FlowInput { account: "acct-1".into(), n: 4, hold_ms: 5 };
+/// assert_eq!(input.event(durastep_testkit::functions::FLOW_PER_KEY_EVENT).name(), "testkit/flow-per-key");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowInput {
+    /// The concurrency key of [`FLOW_PER_KEY`].
+    pub account: String,
+    /// The run's output.
+    pub n: u64,
+    /// How long the attempt holds its slot.
+    pub hold_ms: u64,
+}
+
+impl FlowInput {
+    /// The event with this input under `name`.
+    ///
+    /// ```
+    /// let e = durastep_testkit::FlowInput { account: "a".into(), n: 1, hold_ms: 0 }.event("testkit/flow-shared-a");
+    /// # let _ = e;
+    /// ```
+    pub fn event(&self, name: &str) -> Event {
+        Event::new(name, self)
     }
 }
 
@@ -270,9 +312,40 @@ pub fn all(settings: FunctionSettings, ledger: &Ledger) -> Vec<Function> {
     vec![
         five_steps(settings, ledger.clone()),
         slow_step(settings, ledger.clone()),
+        flow(FLOW_PER_KEY, FLOW_PER_KEY_EVENT, ledger.clone())
+            .concurrency(FLOW_PER_KEY_LIMIT as u32, Some("/account"))
+            .handler(flow_handler(ledger.clone())),
+        flow(FLOW_SHARED[0], FLOW_SHARED_EVENTS[0], ledger.clone())
+            .concurrency_shared(FLOW_SHARED_LIMIT, 1, None)
+            .handler(flow_handler(ledger.clone())),
+        flow(FLOW_SHARED[1], FLOW_SHARED_EVENTS[1], ledger.clone())
+            .concurrency_shared(FLOW_SHARED_LIMIT, 1, None)
+            .handler(flow_handler(ledger.clone())),
         sleeper(ledger.clone()),
         mixed(ledger.clone()),
     ]
+}
+
+fn flow(id: &str, event: &str, _ledger: Ledger) -> durastep::FunctionBuilder {
+    Function::new(id).on_event(event).retries(MAX_ATTEMPTS - 1).backoff(Backoff::Fixed(Duration::from_millis(50)))
+}
+
+/// A flow function's attempt: one ledger row from its start to its end, holding its slot `hold_ms`.
+fn flow_handler(
+    ledger: Ledger,
+) -> impl Fn(Ctx, FlowInput) -> std::pin::Pin<Box<dyn std::future::Future<Output = HandlerResult<u64>> + Send>>
++ Send
++ Sync
++ 'static {
+    move |ctx: Ctx, input: FlowInput| {
+        let ledger = ledger.clone();
+        Box::pin(async move {
+            let row = ledger.begin(ctx.run_id(), FLOW_ATTEMPT_KEY, ctx.attempt()).await?;
+            tokio::time::sleep(Duration::from_millis(input.hold_ms)).await;
+            ledger.end(row).await?;
+            Ok(input.n)
+        })
+    }
 }
 
 /// Runs one recorded step body: ledger start, `delay`, ledger end.

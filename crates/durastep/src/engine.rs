@@ -24,6 +24,8 @@ use crate::worker::{self, WorkerOptions};
 pub(crate) struct Registered {
     pub handler: ErasedHandler,
     pub backoff: Backoff,
+    /// A retry-after failure pauses the run's back-pressure keys.
+    pub backpressure: bool,
     /// The cron schedule and its catch-up policy, for functions with `on_cron`.
     pub schedule: Option<(Schedule, CatchUp)>,
 }
@@ -37,6 +39,9 @@ pub(crate) struct EngineInner {
     pub worker: WorkerOptions,
     /// Seals step outputs and run outputs at rest, when set.
     pub keyring: Option<Arc<Keyring>>,
+    /// Per event name, the (function, key pointer) pairs its data must carry for
+    /// the flow control of functions registered here: checked before any SQL.
+    pub key_checks: HashMap<String, Vec<(String, String)>>,
 }
 
 /// The handle to Durastep: sends events, runs workers, reads runs. Cheap to clone.
@@ -166,7 +171,22 @@ impl Engine {
     }
 
     fn prepare(&self, events: &[Event]) -> Result<Vec<store::NewEvent>, Error> {
-        events.iter().map(|e| e.prepare(&self.inner.limits).map_err(Error::from)).collect()
+        events
+            .iter()
+            .map(|e| {
+                let prepared = e.prepare(&self.inner.limits)?;
+                if let Some(checks) = self.inner.key_checks.get(e.name()) {
+                    // Refused here when this engine knows the function (so `send_in`
+                    // does not abort the caller's transaction); the insert checks again
+                    // for functions only other processes register.
+                    let payload: Value = serde_json::from_str(&prepared.payload).unwrap_or(Value::Null);
+                    if let Some((function, key)) = checks.iter().find(|(_, k)| !crate::flow::has_key(&payload, k)) {
+                        return Err(Error::MissingKey { function: function.clone(), key: key.clone() });
+                    }
+                }
+                Ok(prepared)
+            })
+            .collect()
     }
 
     /// Runs a worker until `shutdown` is cancelled, then stops claiming, lets
@@ -400,6 +420,9 @@ impl EngineBuilder {
     pub async fn build(self) -> Result<Engine, Error> {
         let mut functions = HashMap::new();
         let mut rows = Vec::new();
+        let mut flow = store::FlowRows { function_ids: Vec::new(), rules: Vec::new(), options: Vec::new() };
+        let mut key_checks: HashMap<String, Vec<(String, String)>> = HashMap::new();
+        let mut shared: HashMap<String, crate::flow::StoredRule> = HashMap::new();
         let mut schedules = Vec::new();
         for f in self.functions {
             limits::check_function_id(&f.id, &self.limits)?;
@@ -415,6 +438,30 @@ impl EngineBuilder {
             if functions.contains_key(&f.id) {
                 return Err(Error::InvalidFunction(format!("two functions have the id {:?}", f.id)));
             }
+            let rules = crate::flow::resolve(&f.id, &f.flow, &self.limits)?;
+            for r in &rules {
+                let params = (r.kind, r.capacity, r.period_s, r.burst);
+                if let Some(other) = shared.get(&r.name)
+                    && (other.kind, other.capacity, other.period_s, other.burst) != params
+                {
+                    return Err(Error::InvalidFunction(format!(
+                        "the shared limit {:?} is declared with different settings by two functions",
+                        r.name
+                    )));
+                }
+                shared.insert(r.name.clone(), r.clone());
+            }
+            for key in f.flow.required_keys() {
+                for t in &f.triggers {
+                    key_checks.entry(t.clone()).or_default().push((f.id.clone(), key.clone()));
+                }
+            }
+            flow.function_ids.push(f.id.clone());
+            flow.rules.extend(rules.into_iter().map(|r| (f.id.clone(), r)));
+            if let Some(o) = crate::flow::StoredOptions::of(&f.flow) {
+                flow.options.push((f.id.clone(), o));
+            }
+            let backpressure = f.flow.has_backpressure();
             let max_attempts = i32::try_from(f.max_attempts).unwrap_or(i32::MAX);
             let mut triggers = f.triggers.clone();
             if let Some(s) = &f.schedule {
@@ -446,10 +493,14 @@ impl EngineBuilder {
                     start_timeout_secs: None,
                     finish_timeout_secs: None,
                 });
-                functions.insert(id, Registered { handler, backoff: Backoff::default(), schedule: None });
+                flow.function_ids.push(id.clone());
+                functions.insert(
+                    id,
+                    Registered { handler, backoff: Backoff::default(), backpressure: false, schedule: None },
+                );
             }
             let schedule = f.schedule.map(|s| (s, f.catch_up));
-            functions.insert(f.id, Registered { handler: f.handler, backoff: f.backoff, schedule });
+            functions.insert(f.id, Registered { handler: f.handler, backoff: f.backoff, backpressure, schedule });
         }
 
         let (pool, control_pool) = match (self.pool, self.url) {
@@ -474,6 +525,7 @@ impl EngineBuilder {
             store::migrate(&pool).await?;
         }
         store::register_functions(&pool, &mut rows).await.map_err(from_sqlx)?;
+        store::register_flow(&pool, &flow).await.map_err(from_sqlx)?;
         let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
         store::register_schedules(&pool, &mut schedules, &ids).await.map_err(from_sqlx)?;
         Ok(Engine {
@@ -484,6 +536,7 @@ impl EngineBuilder {
                 limits: self.limits,
                 worker: self.worker,
                 keyring: self.keyring.map(Arc::new),
+                key_checks,
             }),
         })
     }
@@ -535,6 +588,9 @@ pub enum RunState {
     Failed,
     /// Cancelled.
     Cancelled,
+    /// Not started, on purpose: over a rate limit, or refused by a singleton
+    /// key that already had an active run. `last_error` says why.
+    Skipped,
 }
 
 impl RunState {
@@ -544,7 +600,7 @@ impl RunState {
     /// assert!(durastep::RunState::Failed.is_finished());
     /// ```
     pub fn is_finished(self) -> bool {
-        matches!(self, RunState::Completed | RunState::Failed | RunState::Cancelled)
+        matches!(self, RunState::Completed | RunState::Failed | RunState::Cancelled | RunState::Skipped)
     }
 
     pub(crate) fn parse(s: &str) -> RunState {
@@ -555,6 +611,7 @@ impl RunState {
             "waiting" => RunState::Waiting,
             "completed" => RunState::Completed,
             "failed" => RunState::Failed,
+            "skipped" => RunState::Skipped,
             _ => RunState::Cancelled,
         }
     }
@@ -595,6 +652,8 @@ pub struct Run {
     pub created_at: DateTime<Utc>,
     /// When it finished.
     pub finished_at: Option<DateTime<Utc>>,
+    /// What a queued run waits for, when flow control parked it (`None` otherwise).
+    pub flow_wait: Option<crate::flow::FlowWait>,
 }
 
 impl From<store::RunRow> for Run {
@@ -612,6 +671,15 @@ impl From<store::RunRow> for Run {
             output: r.output,
             created_at: r.created_at,
             finished_at: r.finished_at,
+            flow_wait: match (r.park_rule, r.park_key, r.park_kind) {
+                (Some(rule), Some(key), Some(kind)) => Some(crate::flow::FlowWait {
+                    next_possible_start: (kind != "concurrency").then_some(r.run_at),
+                    rule,
+                    kind,
+                    key,
+                }),
+                _ => None,
+            },
         }
     }
 }

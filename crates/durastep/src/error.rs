@@ -41,6 +41,16 @@ pub enum Error {
     /// No run has this id.
     #[error("no run with id {0}")]
     UnknownRun(uuid::Uuid),
+    /// An event lacks (or has null at) the key a function's flow control needs:
+    /// nothing was written.
+    #[error("function {function} needs the key {key} in the event data; it is missing or null (nothing was sent)")]
+    MissingKey {
+        /// The function whose concurrency, throttle, rate limit, back-pressure,
+        /// debounce or singleton key is missing.
+        function: String,
+        /// The JSON pointer of the key.
+        key: String,
+    },
     /// The run has already finished (completed, failed or cancelled); it was left as it was.
     #[error("run {run_id} has already finished ({state:?})")]
     RunFinished {
@@ -83,6 +93,15 @@ pub(crate) fn is_transient_sqlx(e: &sqlx::Error) -> bool {
 
 /// Maps a sqlx error to [`Error`], telling unreachability apart.
 pub(crate) fn from_sqlx(e: sqlx::Error) -> Error {
+    if let sqlx::Error::Database(db) = &e
+        && db.code().as_deref() == Some("DSK01")
+    {
+        // Raised by durastep.flow_key at send; DETAIL is {"function": ..., "key": ...}.
+        let detail = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().and_then(|pg| pg.detail());
+        let parsed: Option<serde_json::Value> = detail.and_then(|d| serde_json::from_str(d).ok());
+        let field = |k: &str| parsed.as_ref().and_then(|v| v.get(k)).and_then(|v| v.as_str()).unwrap_or("?").to_owned();
+        return Error::MissingKey { function: field("function"), key: field("key") };
+    }
     match &e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => Error::Unavailable(e),
         _ => Error::Database(e),

@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::ctx::Ctx;
 use crate::failure::{HandlerError, HandlerResult};
+use crate::flow::{Debounce, FlowConfig, Kind, Rule, SingletonMode};
 use crate::schedule::{CatchUp, Schedule};
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -146,6 +147,7 @@ pub struct Function {
     pub(crate) backoff: Backoff,
     pub(crate) handler: ErasedHandler,
     pub(crate) on_failure: Option<ErasedHandler>,
+    pub(crate) flow: FlowConfig,
     pub(crate) cancel_on: Vec<CancelOn>,
     /// Why the definition is invalid (reported by `build`).
     pub(crate) invalid: Vec<String>,
@@ -189,6 +191,7 @@ impl Function {
             max_attempts: 4,
             backoff: Backoff::default(),
             on_failure: None,
+            flow: FlowConfig::default(),
             cancel_on: Vec::new(),
             invalid: Vec::new(),
             schedule: None,
@@ -217,6 +220,7 @@ impl fmt::Debug for Function {
             .field("max_attempts", &self.max_attempts)
             .field("backoff", &self.backoff)
             .field("on_failure", &self.on_failure.is_some())
+            .field("flow", &self.flow)
             .field("cancel_on", &self.cancel_on)
             .finish()
     }
@@ -230,6 +234,7 @@ pub struct FunctionBuilder {
     max_attempts: u32,
     backoff: Backoff,
     on_failure: Option<ErasedHandler>,
+    flow: FlowConfig,
     cancel_on: Vec<CancelOn>,
     invalid: Vec<String>,
     schedule: Option<Schedule>,
@@ -411,6 +416,188 @@ impl FunctionBuilder {
         self
     }
 
+    fn rule(
+        mut self,
+        shared: Option<&str>,
+        kind: Kind,
+        capacity: u32,
+        period: Duration,
+        burst: u32,
+        key: Option<&str>,
+    ) -> Self {
+        self.flow.rules.push(Rule {
+            shared: shared.map(str::to_owned),
+            kind,
+            capacity,
+            period,
+            burst,
+            key: key.map(str::to_owned),
+        });
+        self
+    }
+
+    /// At most `limit` attempts of this function execute at once per key, across
+    /// every worker and process. `key` is a JSON pointer into the event data
+    /// (`Some("/ad_account_id")`), or `None` for one limit over the whole
+    /// function. A slot is held only while an attempt executes (state
+    /// `running`); sleeping, waiting and queued runs hold none. Up to two
+    /// concurrency limits per function; a run starts when it has a slot of both.
+    /// A malformed pointer fails [`crate::EngineBuilder::build`]; an event that
+    /// lacks the key is refused at send with [`crate::Error::MissingKey`].
+    ///
+    /// ```
+    /// // Story B: Meta allows 6 concurrent writes per ad account.
+    /// let f = durastep::Function::new("meta-budget-update")
+    ///     .on_event("campaign/budget.requested")
+    ///     .concurrency(6, Some("/ad_account_id"))
+    ///     .handler(|_ctx, _req: serde_json::Value| async { Ok(()) });
+    /// # let _ = f;
+    /// ```
+    pub fn concurrency(self, limit: u32, key: Option<&str>) -> Self {
+        self.rule(None, Kind::Concurrency, limit, Duration::ZERO, 0, key)
+    }
+
+    /// A concurrency limit shared by name with every function that declares the
+    /// same name: their attempts together never exceed `limit` per key. Every
+    /// function sharing a name must give it the same limit (the last engine to
+    /// register it decides). Each function gives its own key pointer.
+    ///
+    /// ```
+    /// // Story A: every function that calls Exact Online shares one slot.
+    /// let draft = durastep::Function::new("exact-draft-invoice")
+    ///     .on_event("deal/placement")
+    ///     .concurrency_shared("exact-online", 1, None)
+    ///     .handler(|_ctx, _e: serde_json::Value| async { Ok(()) });
+    /// let credit = durastep::Function::new("exact-credit-note")
+    ///     .on_event("deal/cancelled")
+    ///     .concurrency_shared("exact-online", 1, None)
+    ///     .handler(|_ctx, _e: serde_json::Value| async { Ok(()) });
+    /// # let _ = (draft, credit);
+    /// ```
+    pub fn concurrency_shared(self, name: &str, limit: u32, key: Option<&str>) -> Self {
+        self.rule(Some(name), Kind::Concurrency, limit, Duration::ZERO, 0, key)
+    }
+
+    /// Throttles starts per key with GCRA: at most `limit + burst` attempts start
+    /// in any window of `period` (with `burst` 0, starts are at least
+    /// `period / limit` apart). Runs over the limit **wait** and start as capacity
+    /// frees, in priority then arrival order; none is dropped. Use this when
+    /// every event matters (a budget change).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// // Story B: at most 100 starts per minute per LinkedIn account.
+    /// let f = durastep::Function::new("linkedin-budget-update")
+    ///     .on_event("campaign/budget.requested")
+    ///     .throttle(100, Duration::from_secs(60), 0, Some("/account_id"))
+    ///     .handler(|_ctx, _req: serde_json::Value| async { Ok(()) });
+    /// # let _ = f;
+    /// ```
+    pub fn throttle(self, limit: u32, period: Duration, burst: u32, key: Option<&str>) -> Self {
+        self.rule(None, Kind::Throttle, limit, period, burst, key)
+    }
+
+    /// Rate-limits starts per key with GCRA: at most `limit` attempts start in
+    /// any window of `period` (at least `period / limit` apart). A run over the
+    /// limit is **not started**: it ends in state `skipped`, with the reason in
+    /// `last_error`. Use this when only the latest or a sample matters (a
+    /// "refresh the dashboard" event); use [`FunctionBuilder::throttle`] when
+    /// every event must be processed.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let f = durastep::Function::new("refresh-report")
+    ///     .on_event("report/stale")
+    ///     .rate_limit(1, Duration::from_secs(300), Some("/client_id"))
+    ///     .handler(|_ctx, _e: serde_json::Value| async { Ok(()) });
+    /// # let _ = f;
+    /// ```
+    pub fn rate_limit(self, limit: u32, period: Duration, key: Option<&str>) -> Self {
+        self.rule(None, Kind::RateLimit, limit, period, 0, key)
+    }
+
+    /// Key back-pressure: when an attempt fails with
+    /// [`HandlerError::retry_after`] (an HTTP 429 with Retry-After), the whole
+    /// key pauses until then: no attempt of this function with that key starts
+    /// before it. Such a retry does not count as an attempt, up to
+    /// [`crate::BACKPRESSURE_FREE_RETRIES`] times per run. The key is private to
+    /// this function; see [`FunctionBuilder::backpressure_shared`].
+    ///
+    /// ```
+    /// let f = durastep::Function::new("linkedin-budget-update")
+    ///     .on_event("campaign/budget.requested")
+    ///     .backpressure(Some("/account_id"))
+    ///     .handler(|_ctx, _req: serde_json::Value| async { Ok(()) });
+    /// # let _ = f;
+    /// ```
+    pub fn backpressure(self, key: Option<&str>) -> Self {
+        self.rule(None, Kind::Backpressure, 0, Duration::ZERO, 0, key)
+    }
+
+    /// Key back-pressure shared by name: a 429 in any function that declares
+    /// `name` pauses the key for all of them (one LinkedIn account's write
+    /// bucket, whichever function drained it).
+    ///
+    /// ```
+    /// let f = durastep::Function::new("linkedin-budget-update")
+    ///     .on_event("campaign/budget.requested")
+    ///     .backpressure_shared("linkedin-writes", Some("/account_id"))
+    ///     .handler(|_ctx, _req: serde_json::Value| async { Ok(()) });
+    /// # let _ = f;
+    /// ```
+    pub fn backpressure_shared(self, name: &str, key: Option<&str>) -> Self {
+        self.rule(Some(name), Kind::Backpressure, 0, Duration::ZERO, 0, key)
+    }
+
+    /// Debounces events per key: a burst of events produces one run, with the
+    /// latest event's data, that starts `period` after the last event of the
+    /// burst, and never later than `max_wait` after the first. An event that
+    /// arrives once the run has started begins a new burst.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let f = durastep::Function::new("resync-contact")
+    ///     .on_event("contact/changed")
+    ///     .debounce(Duration::from_secs(30), Some("/contact_id"), Duration::from_secs(300))
+    ///     .handler(|_ctx, _e: serde_json::Value| async { Ok(()) });
+    /// # let _ = f;
+    /// ```
+    pub fn debounce(mut self, period: Duration, key: Option<&str>, max_wait: Duration) -> Self {
+        self.flow.debounce = Some(Debounce { period, key: key.map(str::to_owned), max_wait });
+        self
+    }
+
+    /// At most one active (queued, running, sleeping or waiting) run per key;
+    /// `mode` says what a new event for a busy key does.
+    ///
+    /// ```
+    /// let f = durastep::Function::new("rotate-token")
+    ///     .on_event("token/expiring")
+    ///     .singleton(Some("/account_id"), durastep::SingletonMode::SkipNew)
+    ///     .handler(|_ctx, _e: serde_json::Value| async { Ok(()) });
+    /// # let _ = f;
+    /// ```
+    pub fn singleton(mut self, key: Option<&str>, mode: SingletonMode) -> Self {
+        self.flow.singleton = Some((key.map(str::to_owned), mode));
+        self
+    }
+
+    /// Takes each run's priority from the event data (an integer at this JSON
+    /// pointer; higher runs first among due runs). An event without a number
+    /// there keeps the priority it was sent with ([`crate::Event::priority`]).
+    ///
+    /// ```
+    /// let f = durastep::Function::new("notify")
+    ///     .on_event("deal/stage.changed")
+    ///     .priority_from("/urgency")
+    ///     .handler(|_ctx, _e: serde_json::Value| async { Ok(()) });
+    /// # let _ = f;
+    /// ```
+    pub fn priority_from(mut self, pointer: &str) -> Self {
+        self.flow.priority_from = Some(pointer.to_owned());
+        self
+    }
+
     /// Finishes the definition with its handler. The handler gets a [`Ctx`] and
     /// the event payload deserialized into `I`; its output is stored on the run.
     ///
@@ -432,6 +619,7 @@ impl FunctionBuilder {
             max_attempts: self.max_attempts,
             backoff: self.backoff,
             on_failure: self.on_failure,
+            flow: self.flow,
             cancel_on: self.cancel_on,
             invalid: self.invalid,
             schedule: self.schedule,

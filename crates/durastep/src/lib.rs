@@ -77,6 +77,14 @@
 //! - **Workers.** [`Engine::run_worker`] claims due runs with `FOR UPDATE SKIP
 //!   LOCKED`, holds each under a lease with a fencing epoch, and group-commits
 //!   checkpoints; cancelling its token shuts it down gracefully.
+//! - **Flow control.** [`FunctionBuilder::concurrency`] (per key, or shared by
+//!   name with [`FunctionBuilder::concurrency_shared`]), [`FunctionBuilder::throttle`]
+//!   (runs wait), [`FunctionBuilder::rate_limit`] (runs are skipped),
+//!   [`FunctionBuilder::backpressure`] (a [`HandlerError::retry_after`] pauses the
+//!   key), [`Event::priority`] and [`FunctionBuilder::priority_from`],
+//!   [`FunctionBuilder::debounce`] and [`FunctionBuilder::singleton`]. Keys are
+//!   JSON pointers into the event data; limits are enforced in the claim, so they
+//!   hold across every worker. A parked run says why in [`Run::flow_wait`].
 //! - **Encryption.** [`EngineBuilder::encryption`] with a [`Keyring`] seals step
 //!   results and run outputs at rest.
 //! - **Testing.** [`testing::advance_clock`] moves the database clock, so tests
@@ -123,6 +131,7 @@ mod event;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
 mod failure;
+pub mod flow;
 mod function;
 pub mod limits;
 mod schedule;
@@ -136,6 +145,7 @@ pub use engine::{Engine, EngineBuilder, Run, RunState, migrate};
 pub use error::Error;
 pub use event::{Event, SendReceipt};
 pub use failure::{HandlerError, HandlerResult};
+pub use flow::{BACKPRESSURE_FREE_RETRIES, FlowWait, SingletonMode};
 pub use function::{Backoff, FailedRun, Function, FunctionBuilder};
 pub use limits::{LimitError, Limits};
 pub use schedule::{CatchUp, CronTick, Schedule, ScheduleError};

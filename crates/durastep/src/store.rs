@@ -79,6 +79,106 @@ pub(crate) async fn register_functions(pool: &PgPool, rows: &mut [FunctionRow]) 
     Ok(())
 }
 
+/// The flow definitions of the functions an engine registers.
+pub(crate) struct FlowRows {
+    /// Every function the engine registers (their old flow rows are replaced).
+    pub function_ids: Vec<String>,
+    /// (function id, rule).
+    pub rules: Vec<(String, crate::flow::StoredRule)>,
+    /// (function id, options).
+    pub options: Vec<(String, crate::flow::StoredOptions)>,
+}
+
+/// Stores the flow rules (upserted by name: last writer wins) and replaces the
+/// registered functions' flow rows, in one transaction.
+pub(crate) async fn register_flow(pool: &PgPool, rows: &FlowRows) -> Result<(), sqlx::Error> {
+    let mut rules: Vec<&crate::flow::StoredRule> = rows.rules.iter().map(|(_, r)| r).collect();
+    rules.sort_by(|a, b| a.name.cmp(&b.name));
+    rules.dedup_by(|a, b| a.name == b.name);
+    let names: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
+    let kinds: Vec<&str> = rules.iter().map(|r| r.kind.as_str()).collect();
+    let caps: Vec<i32> = rules.iter().map(|r| r.capacity).collect();
+    let periods: Vec<f64> = rules.iter().map(|r| r.period_s).collect();
+    let bursts: Vec<i32> = rules.iter().map(|r| r.burst).collect();
+    let ff_fn: Vec<&str> = rows.rules.iter().map(|(f, _)| f.as_str()).collect();
+    let ff_rule: Vec<&str> = rows.rules.iter().map(|(_, r)| r.name.as_str()).collect();
+    let ff_ptr: Vec<Option<&str>> = rows.rules.iter().map(|(_, r)| r.pointer.as_deref()).collect();
+    // Paths travel as JSON (arrays of different lengths do not fit a text[][]).
+    let json_path = |p: &Option<Vec<String>>| p.as_ref().map(|p| serde_json::to_string(p).unwrap_or_default());
+    let ff_path: Vec<Option<String>> = rows.rules.iter().map(|(_, r)| json_path(&r.path)).collect();
+    let o = &rows.options;
+    let o_fn: Vec<&str> = o.iter().map(|(f, _)| f.as_str()).collect();
+    let o_ds: Vec<Option<f64>> = o.iter().map(|(_, x)| x.debounce_s).collect();
+    let o_dm: Vec<Option<f64>> = o.iter().map(|(_, x)| x.debounce_max_s).collect();
+    let o_dptr: Vec<Option<&str>> = o.iter().map(|(_, x)| x.debounce_pointer.as_deref()).collect();
+    let o_dpath: Vec<Option<String>> = o.iter().map(|(_, x)| json_path(&x.debounce_path)).collect();
+    let o_sm: Vec<Option<&str>> = o.iter().map(|(_, x)| x.singleton_mode).collect();
+    let o_sptr: Vec<Option<&str>> = o.iter().map(|(_, x)| x.singleton_pointer.as_deref()).collect();
+    let o_spath: Vec<Option<String>> = o.iter().map(|(_, x)| json_path(&x.singleton_path)).collect();
+    let o_pptr: Vec<Option<&str>> = o.iter().map(|(_, x)| x.priority_pointer.as_deref()).collect();
+    let o_ppath: Vec<Option<String>> = o.iter().map(|(_, x)| json_path(&x.priority_path)).collect();
+
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO durastep.flow_rules (name, kind, capacity, period_s, burst, updated_at)
+         SELECT *, now() FROM unnest($1::text[], $2::text[], $3::int[], $4::float8[], $5::int[])
+         ON CONFLICT (name) DO UPDATE
+            SET kind = EXCLUDED.kind, capacity = EXCLUDED.capacity, period_s = EXCLUDED.period_s,
+                burst = EXCLUDED.burst, updated_at = now()",
+    )
+    .bind(&names)
+    .bind(&kinds)
+    .bind(&caps)
+    .bind(&periods)
+    .bind(&bursts)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM durastep.function_flow WHERE function_id = ANY ($1)")
+        .bind(&rows.function_ids)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO durastep.function_flow (function_id, rule, key_pointer, key_path)
+         SELECT f, r, p, CASE WHEN j IS NULL THEN NULL ELSE ARRAY(SELECT jsonb_array_elements_text(j::jsonb)) END
+           FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS t(f, r, p, j)",
+    )
+    .bind(&ff_fn)
+    .bind(&ff_rule)
+    .bind(&ff_ptr)
+    .bind(&ff_path)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM durastep.function_options WHERE function_id = ANY ($1)")
+        .bind(&rows.function_ids)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO durastep.function_options (function_id, debounce_s, debounce_max_s, debounce_pointer,
+                    debounce_path, singleton_mode, singleton_pointer, singleton_path, priority_pointer, priority_path)
+         SELECT f, ds, dm, dp,
+                CASE WHEN dj IS NULL THEN NULL ELSE ARRAY(SELECT jsonb_array_elements_text(dj::jsonb)) END,
+                sm, sp,
+                CASE WHEN sj IS NULL THEN NULL ELSE ARRAY(SELECT jsonb_array_elements_text(sj::jsonb)) END,
+                pp,
+                CASE WHEN pj IS NULL THEN NULL ELSE ARRAY(SELECT jsonb_array_elements_text(pj::jsonb)) END
+           FROM unnest($1::text[], $2::float8[], $3::float8[], $4::text[], $5::text[], $6::text[], $7::text[],
+                       $8::text[], $9::text[], $10::text[]) AS t(f, ds, dm, dp, dj, sm, sp, sj, pp, pj)",
+    )
+    .bind(&o_fn)
+    .bind(&o_ds)
+    .bind(&o_dm)
+    .bind(&o_dptr)
+    .bind(&o_dpath)
+    .bind(&o_sm)
+    .bind(&o_sptr)
+    .bind(&o_spath)
+    .bind(&o_pptr)
+    .bind(&o_ppath)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
 /// A cron schedule as stored in `durastep.schedules`.
 pub(crate) struct ScheduleRow {
     pub function_id: String,
@@ -251,16 +351,90 @@ pub(crate) async fn insert_events(
              SELECT id, name, payload::jsonb, idem FROM input ORDER BY name, idem, ord
              ON CONFLICT DO NOTHING
              RETURNING id),
+         fan AS MATERIALIZED (
+             SELECT i.id AS event_id, i.ord, f.id AS function_id, f.max_attempts, i.payload::jsonb AS payload,
+                    coalesce(i.start_at, durastep.now()) AS start_at,
+                    CASE WHEN o.priority_path IS NULL THEN i.priority
+                         ELSE durastep.flow_priority(i.payload::jsonb, o.priority_path, i.priority) END AS priority,
+                    o.debounce_s, o.debounce_max_s, o.singleton_mode,
+                    f.start_timeout_secs, f.finish_timeout_secs,
+                    CASE WHEN o.debounce_s IS NOT NULL THEN durastep.flow_key(
+                        i.payload::jsonb, o.debounce_path, true, f.id, o.debounce_pointer) END AS dkey,
+                    CASE WHEN o.singleton_mode IS NOT NULL THEN durastep.flow_key(
+                        i.payload::jsonb, o.singleton_path, true, f.id, o.singleton_pointer) END AS skey
+               FROM input i JOIN ev ON ev.id = i.id
+               JOIN durastep.functions f ON f.triggers @> ARRAY[i.name]
+               LEFT JOIN durastep.function_options o ON o.function_id = f.id),
+         keys AS (
+             INSERT INTO durastep.flow_keys (rule, key)
+             SELECT DISTINCT ff.rule, durastep.flow_key(x.payload, ff.key_path, true, x.function_id, ff.key_pointer)
+               FROM fan x JOIN durastep.function_flow ff ON ff.function_id = x.function_id
+              ORDER BY 1, 2
+             ON CONFLICT DO NOTHING),
          r AS (
              INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, priority,
                                         start_by, deadline_at)
-             SELECT gen_random_uuid(), f.id, i.id, 'queued', coalesce(i.start_at, durastep.now()),
-                    f.max_attempts, i.priority,
-                    coalesce(i.start_at, durastep.now()) + make_interval(secs => f.start_timeout_secs),
-                    coalesce(i.start_at, durastep.now()) + make_interval(secs => f.finish_timeout_secs)
-               FROM input i JOIN ev ON ev.id = i.id
-               JOIN durastep.functions f ON f.triggers @> ARRAY[i.name]
+             SELECT gen_random_uuid(), x.function_id, x.event_id, 'queued', x.start_at, x.max_attempts, x.priority,
+                    x.start_at + make_interval(secs => x.start_timeout_secs),
+                    x.start_at + make_interval(secs => x.finish_timeout_secs)
+               FROM fan x WHERE x.debounce_s IS NULL AND x.singleton_mode IS NULL
              RETURNING id, event_id, run_at),
+         dr AS (
+             INSERT INTO durastep.runs AS old (id, function_id, event_id, state, run_at, max_attempts, priority,
+                                               debounce_key, debounce_deadline, start_by, deadline_at)
+             SELECT DISTINCT ON (x.function_id, x.dkey) gen_random_uuid(), x.function_id, x.event_id, 'queued',
+                    x.start_at + make_interval(secs => x.debounce_s), x.max_attempts, x.priority, x.dkey,
+                    x.start_at + make_interval(secs => x.debounce_max_s),
+                    x.start_at + make_interval(secs => x.debounce_s + x.start_timeout_secs),
+                    x.start_at + make_interval(secs => x.debounce_s + x.finish_timeout_secs)
+               FROM fan x WHERE x.debounce_s IS NOT NULL
+              ORDER BY x.function_id, x.dkey, x.ord DESC
+             ON CONFLICT (function_id, debounce_key) WHERE state = 'queued' AND debounce_key IS NOT NULL
+             DO UPDATE SET event_id = EXCLUDED.event_id, priority = EXCLUDED.priority,
+                           run_at = least(EXCLUDED.run_at, old.debounce_deadline), park_rule = NULL, park_key = NULL
+             RETURNING id, event_id, run_at, function_id, debounce_key),
+         sc AS (
+             UPDATE durastep.runs o
+                SET state = 'cancelled', finished_at = durastep.now(), lease_expires_at = NULL, worker_id = NULL,
+                    last_error = 'cancelled: a newer event arrived for singleton key ' || o.singleton_key,
+                    cancel_reason = 'a newer event arrived for singleton key ' || o.singleton_key
+              WHERE o.id IN (
+                    SELECT a.id FROM durastep.runs a
+                     WHERE a.state IN ('queued', 'running', 'sleeping', 'waiting') AND a.singleton_key IS NOT NULL
+                       AND (a.function_id, a.singleton_key) IN
+                           (SELECT function_id, skey FROM fan WHERE singleton_mode = 'cancel_old')
+                     ORDER BY a.id FOR UPDATE)
+                AND o.state IN ('queued', 'running', 'sleeping', 'waiting')
+             RETURNING o.id),
+         sr AS (
+             INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, priority, singleton_key,
+                                        start_by, deadline_at)
+             SELECT DISTINCT ON (x.function_id, x.skey) gen_random_uuid(), x.function_id, x.event_id, 'queued',
+                    x.start_at, x.max_attempts, x.priority, x.skey,
+                    x.start_at + make_interval(secs => x.start_timeout_secs),
+                    x.start_at + make_interval(secs => x.finish_timeout_secs)
+               FROM fan x WHERE x.singleton_mode IS NOT NULL AND (SELECT count(*) FROM sc) >= 0
+              ORDER BY x.function_id, x.skey, CASE WHEN x.singleton_mode = 'cancel_old' THEN -x.ord ELSE x.ord END
+             ON CONFLICT (function_id, singleton_key)
+                WHERE state IN ('queued', 'running', 'sleeping', 'waiting') AND singleton_key IS NOT NULL
+             DO NOTHING
+             RETURNING id, event_id, run_at, function_id),
+         sk AS (
+             INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, priority,
+                                        singleton_key, last_error, finished_at)
+             SELECT gen_random_uuid(), x.function_id, x.event_id, 'skipped', x.start_at, x.max_attempts, x.priority,
+                    x.skey, 'singleton: another run is active for key ' || x.skey, durastep.now()
+               FROM fan x WHERE x.singleton_mode IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM sr WHERE sr.event_id = x.event_id AND sr.function_id = x.function_id)
+             RETURNING id, event_id),
+         created AS (
+             SELECT id, event_id, run_at FROM r
+             UNION ALL SELECT id, event_id, run_at FROM dr
+             UNION ALL SELECT id, event_id, run_at FROM sr),
+         merged AS (
+             SELECT x.event_id, d.id FROM fan x
+               JOIN dr d ON d.function_id = x.function_id AND d.debounce_key = x.dkey
+              WHERE x.debounce_s IS NOT NULL AND d.event_id <> x.event_id),
          fresh AS (
              SELECT i.id, i.name, i.payload::jsonb AS payload, i.ord FROM input i JOIN ev ON ev.id = i.id),
          cspec AS (
@@ -310,12 +484,15 @@ pub(crate) async fn insert_events(
          del AS (
              DELETE FROM durastep.waits w
               WHERE w.run_id IN (SELECT lk.id FROM lk JOIN cx ON cx.id = lk.id)
+                 OR w.run_id IN (SELECT id FROM sc)
                  OR (w.run_id, w.step_key) IN (SELECT dx.run_id, dx.step_key FROM dx JOIN lk ON lk.id = dx.run_id)
              RETURNING w.run_id)
          SELECT i.ord, i.id, (ev.id IS NOT NULL) AS inserted,
-                ARRAY(SELECT r.id FROM r WHERE r.event_id = i.id ORDER BY r.id) AS run_ids,
+                ARRAY(SELECT c.id FROM created c WHERE c.event_id = i.id
+                      UNION SELECT k.id FROM sk k WHERE k.event_id = i.id
+                      UNION SELECT m.id FROM merged m WHERE m.event_id = i.id ORDER BY 1) AS run_ids,
                 (SELECT pg_notify('durastep_wakeup', '')
-                  WHERE EXISTS (SELECT 1 FROM r WHERE r.run_at <= durastep.now())
+                  WHERE EXISTS (SELECT 1 FROM created c WHERE c.run_at <= durastep.now())
                      OR EXISTS (SELECT 1 FROM upd WHERE upd.state = 'queued')) IS NULL AS _n,
                 (SELECT count(*) FROM res) + (SELECT count(*) FROM del) AS _touched
            FROM input i LEFT JOIN ev ON ev.id = i.id
@@ -528,16 +705,31 @@ pub(crate) struct ClaimedRun {
 /// Claims up to `limit` due runs of the given functions, in priority then due
 /// order, skipping rows other workers hold; bumps each run's lease epoch and
 /// returns its input and every stored step result (one round trip in all).
+///
+/// Flow control happens in the same statement. Each candidate's keys are read
+/// from its event data (`function_flow`), and the rows of those keys in
+/// `flow_keys` are locked `FOR UPDATE SKIP LOCKED`: a candidate with a key row
+/// another claimer (or a releasing statement) holds is left alone, due, for the
+/// next claim. On the locked rows (the latest versions) each candidate is ranked
+/// per key, and is started only if every rule admits its rank (concurrency:
+/// `in_use + rank <= limit`; throttle and rate limit: GCRA; back-pressure: no
+/// pause); the key rows are updated in the same statement. A candidate refused
+/// by a concurrency, throttle or back-pressure rule is parked (`queued`, `run_at`
+/// = its next possible start, `park_rule`/`park_key` = what it waits for); one
+/// refused only by a rate limit is `skipped`. Concurrency keys left with free
+/// slots wake their parked runs. Returns the claimed runs and how many other runs
+/// it parked, skipped or woke (the caller claims again at once when that is > 0).
 pub(crate) async fn claim_runnable(
     pool: &PgPool,
     functions: &[String],
     limit: i64,
     lease: Duration,
     worker_id: Uuid,
-) -> Result<Vec<ClaimedRun>, sqlx::Error> {
+) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
     let rows = sqlx::query(
-        "WITH due AS (
-             SELECT id, (started_at IS NULL AND start_by < durastep.now()) AS late,
+        "WITH cand AS MATERIALIZED (
+             SELECT id, function_id, event_id, priority, run_at,
+                    (started_at IS NULL AND start_by < durastep.now()) AS late,
                     (deadline_at < durastep.now()) AS overdue
                FROM durastep.runs
               WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
@@ -548,48 +740,173 @@ pub(crate) async fn claim_runnable(
          expired AS (
              UPDATE durastep.runs x
                 SET state = 'cancelled', finished_at = durastep.now(),
-                    cancel_reason = CASE WHEN due.overdue THEN 'finish timeout: not finished by ' || x.deadline_at
+                    cancel_reason = CASE WHEN cand.overdue THEN 'finish timeout: not finished by ' || x.deadline_at
                                          ELSE 'start timeout: not started by ' || x.start_by END
-               FROM due WHERE x.id = due.id AND (due.late OR due.overdue)
+               FROM cand WHERE x.id = cand.id AND (cand.late OR cand.overdue)
              RETURNING x.id),
-         gone AS (DELETE FROM durastep.waits w WHERE w.run_id IN (SELECT id FROM expired))
-         UPDATE durastep.runs r
-            SET state = 'running', lease_epoch = r.lease_epoch + 1,
-                lease_expires_at = durastep.now() + make_interval(secs => $3),
-                worker_id = $4, started_at = coalesce(r.started_at, durastep.now())
-           FROM due, durastep.events e
-          WHERE r.id = due.id AND e.id = r.event_id
-            AND NOT coalesce(due.late, false) AND NOT coalesce(due.overdue, false)
-         RETURNING r.id, r.function_id, r.event_id, r.attempt, r.lease_epoch, e.payload,
-                   durastep.now() AS db_now,
-                   (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
-                      FROM durastep.step_results s WHERE s.run_id = r.id) AS steps",
+         gone AS (DELETE FROM durastep.waits w WHERE w.run_id IN (SELECT id FROM expired)),
+         live AS MATERIALIZED (
+             SELECT id, function_id, event_id, priority, run_at FROM cand
+              WHERE NOT coalesce(cand.late, false) AND NOT coalesce(cand.overdue, false)),
+         t AS (SELECT durastep.now() AS now),
+         ck AS MATERIALIZED (
+             SELECT c.id, c.priority, c.run_at, ff.rule, fr.kind, fr.capacity, fr.burst,
+                    CASE WHEN fr.capacity > 0 THEN fr.period_s / fr.capacity ELSE 0 END AS emit_s,
+                    durastep.flow_key(e.payload, ff.key_path, false, c.function_id, ff.key_pointer) AS key
+               FROM live c
+               JOIN durastep.function_flow ff ON ff.function_id = c.function_id
+               JOIN durastep.flow_rules fr ON fr.name = ff.rule
+               JOIN durastep.events e ON e.id = c.event_id),
+         newkeys AS (
+             INSERT INTO durastep.flow_keys (rule, key)
+             SELECT DISTINCT ck.rule, ck.key FROM ck
+              WHERE NOT EXISTS (SELECT 1 FROM durastep.flow_keys f WHERE f.rule = ck.rule AND f.key = ck.key)
+              ORDER BY 1, 2
+             ON CONFLICT DO NOTHING),
+         fk AS MATERIALIZED (
+             SELECT f.rule, f.key, f.in_use, f.tat, f.horizon, f.paused_until FROM durastep.flow_keys f
+              WHERE (f.rule, f.key) IN (SELECT rule, key FROM ck)
+              ORDER BY f.rule, f.key
+              FOR UPDATE SKIP LOCKED),
+         ckf AS MATERIALIZED (
+             SELECT ck.*, (fk.rule IS NOT NULL) AS locked, fk.in_use, fk.tat, fk.horizon, fk.paused_until
+               FROM ck LEFT JOIN fk ON fk.rule = ck.rule AND fk.key = ck.key),
+         lockable AS MATERIALIZED (
+             SELECT c.id FROM live c
+              WHERE NOT EXISTS (SELECT 1 FROM ckf WHERE ckf.id = c.id AND NOT ckf.locked)),
+         judged AS MATERIALIZED (
+             SELECT x.*, greatest(coalesce(x.tat, t.now), t.now) AS base,
+                    CASE x.kind
+                      WHEN 'concurrency' THEN x.in_use + x.rn <= x.capacity
+                      WHEN 'throttle' THEN greatest(coalesce(x.tat, t.now), t.now)
+                           + make_interval(secs => (x.rn - 1 - x.burst) * x.emit_s) <= t.now
+                      ELSE x.paused_until IS NULL OR x.paused_until <= t.now
+                    END AS ok
+               FROM (SELECT ckf.*, row_number() OVER (PARTITION BY ckf.rule, ckf.key
+                                                      ORDER BY ckf.priority DESC, ckf.run_at, ckf.id) AS rn
+                       FROM ckf WHERE ckf.kind <> 'rate_limit' AND ckf.id IN (SELECT id FROM lockable)) x, t),
+         pre AS MATERIALIZED (
+             SELECT l.id FROM lockable l
+              WHERE NOT EXISTS (SELECT 1 FROM judged j WHERE j.id = l.id AND NOT j.ok)),
+         rated AS MATERIALIZED (
+             SELECT x.*, greatest(coalesce(x.tat, t.now), t.now)
+                         + make_interval(secs => (x.rn - 1 - x.burst) * x.emit_s) <= t.now AS ok
+               FROM (SELECT ckf.*, row_number() OVER (PARTITION BY ckf.rule, ckf.key
+                                                      ORDER BY ckf.priority DESC, ckf.run_at, ckf.id) AS rn
+                       FROM ckf WHERE ckf.kind = 'rate_limit' AND ckf.id IN (SELECT id FROM pre)) x, t),
+         admit AS MATERIALIZED (
+             SELECT p.id FROM pre p WHERE NOT EXISTS (SELECT 1 FROM rated r WHERE r.id = p.id AND NOT r.ok)),
+         skip AS MATERIALIZED (
+             SELECT r.id, min(format('rate limit %s: over %s per %s s for key %s',
+                                     r.rule, r.capacity, r.emit_s * r.capacity, r.key)) AS reason
+               FROM rated r WHERE NOT r.ok GROUP BY r.id),
+         refused AS MATERIALIZED (
+             SELECT j.id, j.rule, j.key, j.kind,
+                    CASE j.kind
+                      WHEN 'concurrency' THEN t.now + make_interval(secs => $5)
+                      WHEN 'throttle' THEN greatest(
+                           j.base + make_interval(secs => (j.rn - 1 - j.burst) * j.emit_s),
+                           coalesce(j.horizon, '-infinity'::timestamptz)
+                             + make_interval(secs => (row_number() OVER (PARTITION BY j.rule, j.key ORDER BY j.rn)) * j.emit_s))
+                      ELSE j.paused_until
+                    END AS next_at
+               FROM judged j, t WHERE NOT j.ok),
+         park AS MATERIALIZED (
+             SELECT r.id,
+                    (array_agg(r.rule ORDER BY (r.kind = 'concurrency') DESC, r.next_at DESC))[1] AS rule,
+                    (array_agg(r.key ORDER BY (r.kind = 'concurrency') DESC, r.next_at DESC))[1] AS key,
+                    max(r.next_at) AS run_at
+               FROM refused r GROUP BY r.id),
+         per_key AS (
+             SELECT k.rule, k.key, k.kind, k.emit_s, k.capacity, k.in_use,
+                    (SELECT count(*) FROM ckf a WHERE a.rule = k.rule AND a.key = k.key
+                        AND a.id IN (SELECT id FROM admit)) AS n,
+                    (SELECT max(r.next_at) FROM refused r
+                      WHERE r.rule = k.rule AND r.key = k.key AND r.kind = 'throttle') AS horizon
+               FROM (SELECT DISTINCT rule, key, kind, emit_s, capacity, in_use FROM ckf WHERE locked) k),
+         counted AS (
+             UPDATE durastep.flow_keys f
+                SET in_use = f.in_use + CASE WHEN p.kind = 'concurrency' THEN p.n ELSE 0 END,
+                    tat = CASE WHEN p.kind IN ('throttle', 'rate_limit') AND p.n > 0
+                               THEN greatest(coalesce(f.tat, t.now), t.now) + make_interval(secs => p.n * p.emit_s)
+                               ELSE f.tat END,
+                    horizon = CASE WHEN p.horizon IS NULL THEN f.horizon
+                                   ELSE greatest(coalesce(f.horizon, p.horizon), p.horizon) END
+               FROM per_key p, t
+              WHERE f.rule = p.rule AND f.key = p.key AND p.kind <> 'backpressure'
+                AND (p.n > 0 OR p.horizon IS NOT NULL)),
+         claimed AS (
+             UPDATE durastep.runs r
+                SET state = 'running', lease_epoch = r.lease_epoch + 1,
+                    lease_expires_at = durastep.now() + make_interval(secs => $3),
+                    worker_id = $4, started_at = coalesce(r.started_at, durastep.now()),
+                    park_rule = NULL, park_key = NULL,
+                    flow_held = (SELECT jsonb_agg(jsonb_build_array(j.rule, j.key)) FROM judged j
+                                  WHERE j.id = r.id AND j.kind = 'concurrency')
+               FROM admit, durastep.events e
+              WHERE r.id = admit.id AND e.id = r.event_id
+             RETURNING r.id, r.function_id, r.event_id, r.attempt, r.lease_epoch, e.payload,
+                       durastep.now() AS db_now,
+                       (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
+                          FROM durastep.step_results s WHERE s.run_id = r.id) AS steps),
+         parked AS (
+             UPDATE durastep.runs r SET state = 'queued', run_at = p.run_at, park_rule = p.rule, park_key = p.key
+               FROM park p WHERE r.id = p.id
+             RETURNING r.id),
+         skipped AS (
+             UPDATE durastep.runs r
+                SET state = 'skipped', finished_at = durastep.now(), last_error = s.reason,
+                    park_rule = NULL, park_key = NULL
+               FROM skip s WHERE r.id = s.id
+             RETURNING r.id),
+         woken AS (
+             UPDATE durastep.runs r SET run_at = durastep.now(), park_rule = NULL, park_key = NULL
+              WHERE r.id IN (
+                    SELECT w.id FROM per_key p CROSS JOIN LATERAL (
+                        SELECT w.id FROM durastep.runs w
+                         WHERE w.park_rule = p.rule AND w.park_key = p.key AND w.state = 'queued'
+                           AND w.id NOT IN (SELECT id FROM cand)
+                         ORDER BY w.priority DESC, w.created_at
+                         LIMIT greatest(p.capacity - p.in_use - p.n, 0)
+                         FOR UPDATE SKIP LOCKED) w
+                     WHERE p.kind = 'concurrency' AND p.capacity - p.in_use - p.n > 0)
+             RETURNING r.id)
+         SELECT c.id, c.function_id, c.event_id, c.attempt, c.lease_epoch, c.payload, c.db_now, c.steps,
+                (SELECT count(*) FROM parked) + (SELECT count(*) FROM skipped) + (SELECT count(*) FROM woken)
+                  + (SELECT count(*) FROM expired) AS moved
+           FROM (SELECT 1) AS one LEFT JOIN claimed c ON true",
     )
     .bind(functions)
     .bind(limit)
     .bind(secs(lease))
     .bind(worker_id)
+    .bind(secs(crate::flow::PARK_RECHECK))
     .fetch_all(pool)
     .await?;
-    rows.into_iter()
-        .map(|row| {
-            let steps: Value = row.try_get("steps")?;
-            let steps = match steps {
-                Value::Object(map) => map.into_iter().collect(),
-                _ => HashMap::new(),
-            };
-            Ok(ClaimedRun {
-                id: row.try_get("id")?,
-                function_id: row.try_get("function_id")?,
-                event_id: row.try_get("event_id")?,
-                attempt: row.try_get("attempt")?,
-                lease_epoch: row.try_get("lease_epoch")?,
-                payload: row.try_get("payload")?,
-                steps,
-                db_now: row.try_get("db_now")?,
-            })
-        })
-        .collect()
+    let mut moved = 0;
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in rows {
+        moved = row.try_get("moved")?;
+        let Some(id) = row.try_get::<Option<Uuid>, _>("id")? else {
+            continue;
+        };
+        let steps: Value = row.try_get("steps")?;
+        let steps = match steps {
+            Value::Object(map) => map.into_iter().collect(),
+            _ => HashMap::new(),
+        };
+        claimed.push(ClaimedRun {
+            id,
+            function_id: row.try_get("function_id")?,
+            event_id: row.try_get("event_id")?,
+            attempt: row.try_get("attempt")?,
+            lease_epoch: row.try_get("lease_epoch")?,
+            payload: row.try_get("payload")?,
+            steps,
+            db_now: row.try_get("db_now")?,
+        });
+    }
+    Ok((claimed, moved))
 }
 
 /// How long until the earliest due run of these functions (None: nothing scheduled).
@@ -840,6 +1157,12 @@ pub(crate) async fn flush_writes(pool: &PgPool, writes: &[PendingWrite]) -> Resu
 /// The end of a failed attempt: retry after `delay`, or fail the run when it is
 /// out of attempts or the failure is permanent. Returns the new state, or None
 /// when the attempt no longer holds the run.
+///
+/// With `pause` (the error named a retry-after delay and the function has a
+/// back-pressure rule), the run's back-pressure keys pause until now + `delay`
+/// in the same statement, and the retry does not count as an attempt while the
+/// run has had fewer than `free_pauses` such retries.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn fail_attempt(
     pool: &PgPool,
     run_id: Uuid,
@@ -847,23 +1170,45 @@ pub(crate) async fn fail_attempt(
     error: &str,
     permanent: bool,
     delay: Duration,
+    pause: bool,
+    free_pauses: i32,
 ) -> Result<Option<String>, sqlx::Error> {
     sqlx::query_scalar(
-        "UPDATE durastep.runs
-            SET state = CASE WHEN $4 OR attempt >= max_attempts THEN 'failed' ELSE 'queued' END,
-                finished_at = CASE WHEN $4 OR attempt >= max_attempts THEN durastep.now() END,
-                run_at = CASE WHEN $4 OR attempt >= max_attempts THEN run_at
-                              ELSE durastep.now() + make_interval(secs => $5) END,
-                attempt = CASE WHEN $4 OR attempt >= max_attempts THEN attempt ELSE attempt + 1 END,
-                last_error = $3, lease_expires_at = NULL, worker_id = NULL
-          WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
-         RETURNING state",
+        "WITH u AS (
+             UPDATE durastep.runs
+                SET state = CASE WHEN $4 OR (attempt >= max_attempts AND NOT ($6 AND pauses < $7))
+                                 THEN 'failed' ELSE 'queued' END,
+                    finished_at = CASE WHEN $4 OR (attempt >= max_attempts AND NOT ($6 AND pauses < $7))
+                                       THEN durastep.now() END,
+                    run_at = CASE WHEN $4 OR (attempt >= max_attempts AND NOT ($6 AND pauses < $7)) THEN run_at
+                                  ELSE durastep.now() + make_interval(secs => $5) END,
+                    attempt = CASE WHEN $4 OR attempt >= max_attempts OR ($6 AND pauses < $7) THEN attempt
+                                   ELSE attempt + 1 END,
+                    pauses = CASE WHEN NOT $4 AND $6 AND pauses < $7 THEN pauses + 1 ELSE pauses END,
+                    last_error = $3, lease_expires_at = NULL, worker_id = NULL
+              WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
+             RETURNING state, function_id, event_id),
+         bp AS (
+             INSERT INTO durastep.flow_keys AS f (rule, key, paused_until)
+             SELECT ff.rule, durastep.flow_key(e.payload, ff.key_path, false, u.function_id, ff.key_pointer),
+                    durastep.now() + make_interval(secs => $5)
+               FROM u
+               JOIN durastep.function_flow ff ON ff.function_id = u.function_id
+               JOIN durastep.flow_rules fr ON fr.name = ff.rule AND fr.kind = 'backpressure'
+               JOIN durastep.events e ON e.id = u.event_id
+              WHERE $6
+              ORDER BY 1, 2
+             ON CONFLICT (rule, key) DO UPDATE
+                SET paused_until = greatest(coalesce(f.paused_until, EXCLUDED.paused_until), EXCLUDED.paused_until))
+         SELECT state FROM u",
     )
     .bind(run_id)
     .bind(epoch)
     .bind(error)
     .bind(permanent)
     .bind(secs(delay))
+    .bind(pause)
+    .bind(free_pauses)
     .fetch_optional(pool)
     .await
 }
@@ -1094,14 +1439,21 @@ pub(crate) struct RunRow {
     pub output: Option<Value>,
     pub created_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    pub park_rule: Option<String>,
+    pub park_key: Option<String>,
+    pub park_kind: Option<String>,
 }
 
 /// Loads one run.
 pub(crate) async fn load_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, function_id, event_id, state, attempt, max_attempts, run_at, last_error, cancel_reason,
-                output, created_at, finished_at
-           FROM durastep.runs WHERE id = $1",
+        "SELECT r.id, r.function_id, r.event_id, r.state, r.attempt, r.max_attempts, r.run_at, r.last_error,
+                r.cancel_reason, r.output, r.created_at, r.finished_at,
+                CASE WHEN r.state = 'queued' THEN r.park_rule END AS park_rule,
+                CASE WHEN r.state = 'queued' THEN r.park_key END AS park_key,
+                CASE WHEN r.state = 'queued' THEN fr.kind END AS park_kind
+           FROM durastep.runs r LEFT JOIN durastep.flow_rules fr ON fr.name = r.park_rule
+          WHERE r.id = $1",
     )
     .bind(run_id)
     .fetch_optional(pool)

@@ -151,7 +151,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             // The lease starts when the database runs the claim: count from before we send it.
             let claim_sent = Instant::now();
             let claimed = claim_round(&engine, &functions, want, worker_id).await;
-            let claimed = match claimed {
+            let (claimed, moved) = match claimed {
                 Ok(runs) => {
                     failures = 0;
                     runs
@@ -185,7 +185,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     execute(&engine, run, writer, lost).await;
                 });
             }
-            if got > 0 {
+            // Flow control parked, skipped or woke runs: more may be claimable now.
+            if got > 0 || moved > 0 {
                 continue;
             }
             let wait = match store::next_due_in(&engine.pool, &functions).await {
@@ -245,12 +246,12 @@ async fn claim_round(
     functions: &[String],
     want: usize,
     worker_id: Uuid,
-) -> Result<Vec<ClaimedRun>, String> {
+) -> Result<(Vec<ClaimedRun>, i64), String> {
     let (engine, functions) = (engine.clone(), functions.to_vec());
     let round = tokio::spawn(async move {
         crate::failpoint!("claim-before-commit", Err("failpoint claim-before-commit".to_owned()));
         let lease = engine.worker.lease;
-        let runs = store::claim_runnable(&engine.pool, &functions, want as i64, lease, worker_id)
+        let (runs, moved) = store::claim_runnable(&engine.pool, &functions, want as i64, lease, worker_id)
             .await
             .map_err(|e| e.to_string())?;
         if !runs.is_empty() {
@@ -258,7 +259,7 @@ async fn claim_round(
             // until their leases expire and a reaper takes them back.
             crate::failpoint!("claim-after-commit", Err("failpoint claim-after-commit".to_owned()));
         }
-        Ok(runs)
+        Ok((runs, moved))
     });
     match round.await {
         Ok(result) => result,
@@ -334,6 +335,8 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
             "function not registered in this worker",
             true,
             Duration::ZERO,
+            false,
+            0,
         )
         .await;
         return;
@@ -381,8 +384,17 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
                     tracing::warn!("attempt fenced: lease lost");
                     Ending::Stopped
                 }
-                // Every Ctx is gone: the handler has returned (or panicked).
-                Err(_) => ending_of((&mut handle).await),
+                // Every Ctx is gone: the handler has returned (or panicked), or
+                // it dropped its Ctx and goes on without one: keep watching the lease.
+                Err(_) => tokio::select! {
+                    biased;
+                    joined = &mut handle => ending_of(joined),
+                    _ = lost.cancelled() => {
+                        handle.abort();
+                        tracing::warn!("lease lost; handler dropped");
+                        Ending::Stopped
+                    }
+                },
             },
             _ = lost.cancelled() => {
                 handle.abort();
@@ -395,7 +407,7 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
         }
         match ending {
             Ending::Returned(output) => complete(engine, &this, &writer, output).await,
-            Ending::Failed(e) => fail(engine, &this, attempt, &function.backoff, e).await,
+            Ending::Failed(e) => fail(engine, &this, attempt, &function.backoff, function.backpressure, e).await,
             Ending::Stopped => {}
         }
     }
@@ -408,7 +420,7 @@ async fn complete(engine: &EngineInner, run: &RunRef, writer: &Writer, output: s
         Ok(t) => crate::codec::seal_text(engine.keyring.as_deref(), &crate::codec::output_aad(run.id), t),
         Err(e) => {
             let e = HandlerError::permanent(format!("run output refused: {e}"));
-            return fail(engine, run, 1, &crate::Backoff::default(), e).await;
+            return fail(engine, run, 1, &crate::Backoff::default(), false, e).await;
         }
     };
     crate::failpoint!(
@@ -428,11 +440,29 @@ struct RunRef {
     lease_epoch: i64,
 }
 
-async fn fail(engine: &EngineInner, run: &RunRef, attempt: u32, backoff: &crate::Backoff, e: HandlerError) {
+async fn fail(
+    engine: &EngineInner,
+    run: &RunRef,
+    attempt: u32,
+    backoff: &crate::Backoff,
+    backpressure: bool,
+    e: HandlerError,
+) {
     let delay = e.retry_after_delay().unwrap_or_else(|| backoff.delay(attempt));
+    let pause = backpressure && e.retry_after_delay().is_some() && !e.is_permanent();
     let mut tries = 0;
     loop {
-        match store::fail_attempt(&engine.pool, run.id, run.lease_epoch, e.message(), e.is_permanent(), delay).await {
+        let failed = store::fail_attempt(
+            &engine.pool,
+            run.id,
+            run.lease_epoch,
+            e.message(),
+            e.is_permanent(),
+            delay,
+            pause,
+            crate::flow::BACKPRESSURE_FREE_RETRIES,
+        );
+        match failed.await {
             Ok(Some(state)) => {
                 if state == "failed" {
                     tracing::warn!(error = %e, "run failed");
