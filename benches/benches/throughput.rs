@@ -80,7 +80,10 @@ fn unix_now() -> f64 {
 /// Postgres share this machine's clock).
 async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs: usize, in_flight: usize) -> Cell {
     let pool = engine.pool();
-    sqlx::query("TRUNCATE durastep.events, durastep.runs, durastep.step_results").execute(pool).await.expect("reset");
+    sqlx::query("TRUNCATE durastep.events, durastep.runs, durastep.step_results CASCADE")
+        .execute(pool)
+        .await
+        .expect("reset");
     let config = WorkerConfig {
         in_flight: in_flight / procs,
         writers: env_usize("BENCH_WRITERS").unwrap_or(WorkerConfig::default().writers),

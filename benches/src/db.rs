@@ -72,7 +72,8 @@ impl BenchDb {
             .expect("create database");
         admin.close().await.ok();
         let url = with_database(&server, &name);
-        let options = PgConnectOptions::from_str(&url).expect("parse database url");
+        // JIT off, as Durastep sets on its own pools (see `EngineBuilder::pool`).
+        let options = PgConnectOptions::from_str(&url).expect("parse database url").options([("jit", "off")]);
         BenchDb { name, url, options, server }
     }
 

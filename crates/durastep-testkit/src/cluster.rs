@@ -68,8 +68,13 @@ impl Cluster {
     /// ```
     pub async fn start(bin: impl AsRef<Path>, url: impl Into<String>) -> Result<Cluster> {
         let url = url.into();
-        let pool =
-            PgPoolOptions::new().max_connections(3).acquire_timeout(Duration::from_secs(10)).connect(&url).await?;
+        // JIT off, as `EngineBuilder::pool` asks of a pool handed to the engine.
+        let options: sqlx::postgres::PgConnectOptions = url.parse()?;
+        let pool = PgPoolOptions::new()
+            .max_connections(3)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options.options([("jit", "off")]))
+            .await?;
         let mut builder = Engine::builder().pool(pool.clone());
         // The engine migrates on build; the ledger needs nothing from it.
         ledger::create(&pool).await?;

@@ -53,7 +53,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let log = Log::new();
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
     let options = own_database(&url).await?;
-    let pool = PgPoolOptions::new().max_connections(5).connect_with(options).await?;
+    // JIT off: Durastep's large statements would otherwise cross Postgres' JIT
+    // thresholds (see `EngineBuilder::pool`).
+    let pool = PgPoolOptions::new().max_connections(5).connect_with(options.options([("jit", "off")])).await?;
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS quickstart_shipments (
              id         bigserial PRIMARY KEY,
