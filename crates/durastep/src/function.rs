@@ -254,10 +254,8 @@ pub(crate) fn pointer_path(pointer: &str) -> Result<Vec<String>, String> {
     if pointer.is_empty() {
         return Ok(Vec::new());
     }
-    let Some(rest) = pointer.strip_prefix('/') else {
-        return Err(format!("JSON pointer {pointer:?} must be empty or start with '/'"));
-    };
-    Ok(rest.split('/').map(|t| t.replace("~1", "/").replace("~0", "~")).collect())
+    // One RFC 6901 parser for every key path (flow-control keys refuse "").
+    crate::flow::parse_pointer(pointer)
 }
 
 impl FunctionBuilder {
