@@ -264,7 +264,7 @@ impl FunctionBuilder {
     /// fire time starts exactly one run, however many workers are up: every
     /// worker that has the function registered ticks the schedule (no leader),
     /// and the run for a fire time is created by an event whose idempotency key
-    /// is that fire time. The run's input is a [`CronTick`] carrying its
+    /// is that fire time. The run's input is a [`CronTick`](crate::CronTick) carrying its
     /// scheduled time. Fire times missed while no worker was running follow
     /// [`FunctionBuilder::catch_up`]. A schedule is first armed when a worker
     /// ticks it: fire times before that are not run. An expression that does
@@ -302,7 +302,7 @@ impl FunctionBuilder {
 
     /// A run not started within `timeout` of its due time (its event's
     /// `start_at`, or when it was sent) is cancelled instead of started, with
-    /// `cancel_reason` "start timeout: not started by <time>". It is checked by
+    /// `cancel_reason` `"start timeout: not started by <time>"`. It is checked by
     /// the claim (such a run is never started) and by every worker's reaper pass
     /// (`WorkerOptions::reap_interval`), by the database clock. Retries of a
     /// run that did start are not affected.
@@ -320,7 +320,7 @@ impl FunctionBuilder {
     /// A run not finished within `timeout` of its due time is cancelled, in
     /// whatever state it is (queued, sleeping, waiting, or running: then it
     /// stops at its next step boundary, as with [`crate::Engine::cancel`]), with
-    /// `cancel_reason` "finish timeout: not finished by <time>". Checked by
+    /// `cancel_reason` `"finish timeout: not finished by <time>"`. Checked by
     /// every worker's reaper pass and by the claim, by the database clock.
     ///
     /// ```
