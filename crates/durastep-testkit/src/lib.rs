@@ -93,8 +93,8 @@ mod wait;
 pub use cluster::{Cluster, KEEP_LOGS, READY_TIMEOUT};
 pub use error::{Error, Result};
 pub use functions::{
-    BackpressureInput, FiveSteps, FlowInput, FunctionSettings, Mixed, Sleeper, SlowStep, five_steps_key, five_steps_oracle,
-    five_steps_step_output, mixed_oracle, sleeper_oracle, slow_step_oracle,
+    BackpressureInput, FiveSteps, FlowInput, FunctionSettings, Mixed, Sleeper, SlowStep, five_steps_key,
+    five_steps_oracle, five_steps_step_output, mixed_oracle, sleeper_oracle, slow_step_oracle,
 };
 pub use ledger::{Ledger, LedgerOptions};
 pub use process::{Signal, WorkerConfig, WorkerProcess};
