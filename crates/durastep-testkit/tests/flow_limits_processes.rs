@@ -247,7 +247,8 @@ async fn backpressure_pauses_one_key_across_four_processes(_p: PgPoolOptions, op
         .collect();
     let started = Instant::now();
     let runs = c.send_events(events).await.unwrap();
-    let (k_runs, others): (Vec<_>, Vec<_>) = runs.iter().enumerate().partition(|(n, _)| *n as u64 % accounts == 0);
+    let (k_runs, others): (Vec<_>, Vec<_>) =
+        runs.iter().enumerate().partition(|(n, _)| (*n as u64).is_multiple_of(accounts));
     let k_runs: Vec<Uuid> = k_runs.into_iter().map(|(_, id)| *id).collect();
     let others: Vec<Uuid> = others.into_iter().map(|(_, id)| *id).collect();
     // Other keys keep running: all their runs finish; K's runs, of both functions, are parked.
