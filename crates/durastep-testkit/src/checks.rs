@@ -29,7 +29,7 @@ pub struct RunSnapshot {
     pub id: Uuid,
     /// Its function.
     pub function_id: String,
-    /// `queued`, `running`, `sleeping`, `completed`, `failed` or `cancelled`.
+    /// `queued`, `running`, `sleeping`, `waiting`, `completed`, `failed`, `cancelled` or `skipped`.
     pub state: String,
     /// Current (or last) attempt.
     pub attempt: i32,
@@ -147,8 +147,8 @@ pub async fn retried_runs(pool: &PgPool) -> Result<Vec<(Uuid, i32, Option<String
         .await?)
 }
 
-/// How many of the given runs are not yet completed, failed or cancelled
-/// (a run id that does not exist counts as unfinished).
+/// How many of the given runs are not yet completed, failed, cancelled or
+/// skipped (a run id that does not exist counts as unfinished).
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool, runs: Vec<uuid::Uuid>) -> durastep_testkit::Result<()> {
@@ -158,7 +158,7 @@ pub async fn retried_runs(pool: &PgPool) -> Result<Vec<(Uuid, i32, Option<String
 pub async fn unfinished_among(pool: &PgPool, runs: &[Uuid]) -> Result<i64> {
     let finished: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM durastep.runs
-          WHERE id = ANY ($1) AND state IN ('completed', 'failed', 'cancelled')",
+          WHERE id = ANY ($1) AND state IN ('completed', 'failed', 'cancelled', 'skipped')",
     )
     .bind(runs)
     .fetch_one(pool)
@@ -346,6 +346,89 @@ pub async fn max_overlap_per_key(
     .bind(crate::functions::FLOW_ATTEMPT_KEY)
     .fetch_all(pool)
     .await?)
+}
+
+/// The most attempts of `functions` that started in any window of `period`,
+/// per key (the event data's `key_field`): for each ledger row with step key
+/// [`crate::functions::FLOW_ATTEMPT_KEY`], the rows of its key whose start is in
+/// `[start, start + period)`, by Durastep's database clock (the ledger's
+/// `db_started`, `durastep.now()` when the body began, test offset included).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let period = std::time::Duration::from_secs(600);
+/// let per_key = durastep_testkit::checks::max_starts_in_window(&pool, &["flow-throttle"], "account", period).await?;
+/// assert!(per_key.iter().all(|(_, n)| *n <= 60), "{per_key:?}");
+/// # Ok(()) }
+/// ```
+pub async fn max_starts_in_window(
+    pool: &PgPool,
+    functions: &[&str],
+    key_field: &str,
+    period: Duration,
+) -> Result<Vec<(String, i64)>> {
+    let functions: Vec<String> = functions.iter().map(|f| (*f).to_owned()).collect();
+    // RANGE from the current row (and its peers) to period - 1 us after it: the
+    // half-open window [t, t + period) at timestamptz's microsecond resolution.
+    Ok(sqlx::query_as(
+        "SELECT key, max(n)::bigint FROM (
+             SELECT e.payload ->> $2 AS key,
+                    count(*) OVER (PARTITION BY e.payload ->> $2 ORDER BY l.db_started
+                                   RANGE BETWEEN CURRENT ROW
+                                         AND make_interval(secs => $4) - interval '1 microsecond' FOLLOWING) AS n
+               FROM testkit_ledger l JOIN durastep.runs r ON r.id = l.run_id JOIN durastep.events e ON e.id = r.event_id
+              WHERE l.step_key = $3 AND r.function_id = ANY ($1)) x
+          GROUP BY key ORDER BY key",
+    )
+    .bind(&functions)
+    .bind(key_field)
+    .bind(crate::functions::FLOW_ATTEMPT_KEY)
+    .bind(period.as_secs_f64())
+    .fetch_all(pool)
+    .await?)
+}
+
+/// How many runs of `functions` are running, or queued, sleeping or waiting and
+/// due within `margin` of the database clock: 0 means everything the clock
+/// allows has been started and finished, and nothing becomes due for `margin`
+/// (a test may then move the clock without racing a claim).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let margin = std::time::Duration::from_millis(200);
+/// let busy = durastep_testkit::checks::busy_runs(&pool, &["flow-throttle"], margin).await?;
+/// # let _ = busy; Ok(()) }
+/// ```
+pub async fn busy_runs(pool: &PgPool, functions: &[&str], margin: Duration) -> Result<i64> {
+    let functions: Vec<String> = functions.iter().map(|f| (*f).to_owned()).collect();
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM durastep.runs
+          WHERE function_id = ANY ($1)
+            AND (state = 'running'
+                 OR (state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now() + make_interval(secs => $2)))",
+    )
+    .bind(&functions)
+    .bind(margin.as_secs_f64())
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Run states of `functions`, with their counts.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let states = durastep_testkit::checks::run_states_of(&pool, &["flow-rate"]).await?;
+/// println!("{states:?}");
+/// # Ok(()) }
+/// ```
+pub async fn run_states_of(pool: &PgPool, functions: &[&str]) -> Result<BTreeMap<String, i64>> {
+    let functions: Vec<String> = functions.iter().map(|f| (*f).to_owned()).collect();
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT state, count(*) FROM durastep.runs WHERE function_id = ANY ($1) GROUP BY state")
+            .bind(&functions)
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().collect())
 }
 
 /// A step body execution (ledger row) that started after its step's checkpoint

@@ -341,7 +341,7 @@ impl Cluster {
         Ok(durastep::testing::advance_clock(&self.engine, by).await?)
     }
 
-    /// Waits until every given run is completed, failed or cancelled.
+    /// Waits until every given run is completed, failed, cancelled or skipped.
     ///
     /// ```no_run
     /// # async fn demo(c: &durastep_testkit::Cluster, runs: Vec<uuid::Uuid>) -> durastep_testkit::Result<()> {

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use durastep::{Backoff, Ctx, Event, Function, HandlerResult};
+use durastep::{Backoff, Ctx, Event, Function, HandlerError, HandlerResult};
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::Ledger;
@@ -36,6 +36,34 @@ pub const FLOW_SHARED: [&str; 2] = ["flow-shared-a", "flow-shared-b"];
 pub const FLOW_SHARED_EVENTS: [&str; 2] = ["testkit/flow-shared-a", "testkit/flow-shared-b"];
 /// The name of the limit the [`FLOW_SHARED`] functions share (Story A's "exact-online").
 pub const FLOW_SHARED_LIMIT: &str = "testkit-exact-online";
+/// Id of the flow function throttled to [`FLOW_THROTTLE_LIMIT`] starts per
+/// [`FLOW_THROTTLE_PERIOD`] with a burst of [`FLOW_THROTTLE_BURST`], per `/account`.
+pub const FLOW_THROTTLE: &str = "flow-throttle";
+/// The event that starts a [`FLOW_THROTTLE`] run (payload: [`FlowInput`]).
+pub const FLOW_THROTTLE_EVENT: &str = "testkit/flow-throttle";
+/// Starts per period of [`FLOW_THROTTLE`], per account.
+pub const FLOW_THROTTLE_LIMIT: u32 = 50;
+/// The burst of [`FLOW_THROTTLE`]: at most limit + burst starts in any period.
+pub const FLOW_THROTTLE_BURST: u32 = 10;
+/// The period of [`FLOW_THROTTLE`], by the database clock (tests move it): long,
+/// so that the worker's wall time between two moves of the clock is negligible.
+pub const FLOW_THROTTLE_PERIOD: Duration = Duration::from_secs(600);
+/// Id of the flow function rate-limited to [`FLOW_RATE_LIMIT`] starts per
+/// [`FLOW_RATE_PERIOD`] per `/account` (the excess is `skipped`).
+pub const FLOW_RATE: &str = "flow-rate";
+/// The event that starts a [`FLOW_RATE`] run (payload: [`FlowInput`]).
+pub const FLOW_RATE_EVENT: &str = "testkit/flow-rate";
+/// Starts per period of [`FLOW_RATE`], per account.
+pub const FLOW_RATE_LIMIT: u32 = 5;
+/// The period of [`FLOW_RATE`], by the database clock.
+pub const FLOW_RATE_PERIOD: Duration = Duration::from_secs(1_000);
+/// Ids of the two functions that share the back-pressure rule [`FLOW_BACKPRESSURE_RULE`]
+/// keyed by `/account`. They have no retries: a back-pressure pause must not use one up.
+pub const FLOW_BACKPRESSURE: [&str; 2] = ["flow-bp-a", "flow-bp-b"];
+/// The events that start the [`FLOW_BACKPRESSURE`] functions (payload: [`BackpressureInput`]).
+pub const FLOW_BACKPRESSURE_EVENTS: [&str; 2] = ["testkit/flow-bp-a", "testkit/flow-bp-b"];
+/// The back-pressure rule the [`FLOW_BACKPRESSURE`] functions share (one LinkedIn account's writes).
+pub const FLOW_BACKPRESSURE_RULE: &str = "testkit-linkedin-writes";
 /// The ledger's step key for a flow function's attempt: its row spans the attempt.
 pub const FLOW_ATTEMPT_KEY: &str = "attempt";
 /// Id of the sleeper function: a step, a durable sleep, a step.
@@ -143,6 +171,37 @@ impl FlowInput {
     ///
     /// ```
     /// let e = durastep_testkit::FlowInput { account: "a".into(), n: 1, hold_ms: 0 }.event("testkit/flow-shared-a");
+    /// # let _ = e;
+    /// ```
+    pub fn event(&self, name: &str) -> Event {
+        Event::new(name, self)
+    }
+}
+
+/// Input of the [`FLOW_BACKPRESSURE`] functions: the attempt records itself and,
+/// on the run's first execution only, fails like an HTTP 429 with a Retry-After
+/// of `retry_after_ms` when that is set.
+///
+/// ```
+/// let input = durastep_testkit::BackpressureInput { account: "K".into(), n: 1, retry_after_ms: Some(30_000) };
+/// assert_eq!(input.event(durastep_testkit::functions::FLOW_BACKPRESSURE_EVENTS[0]).name(), "testkit/flow-bp-a");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackpressureInput {
+    /// The back-pressure key.
+    pub account: String,
+    /// The run's output.
+    pub n: u64,
+    /// The Retry-After of the 429 the first execution returns (none: no 429).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+}
+
+impl BackpressureInput {
+    /// The event with this input under `name`.
+    ///
+    /// ```
+    /// let e = durastep_testkit::BackpressureInput { account: "a".into(), n: 1, retry_after_ms: None }.event("testkit/flow-bp-b");
     /// # let _ = e;
     /// ```
     pub fn event(&self, name: &str) -> Event {
@@ -321,9 +380,37 @@ pub fn all(settings: FunctionSettings, ledger: &Ledger) -> Vec<Function> {
         flow(FLOW_SHARED[1], FLOW_SHARED_EVENTS[1], ledger.clone())
             .concurrency_shared(FLOW_SHARED_LIMIT, 1, None)
             .handler(flow_handler(ledger.clone())),
+        flow(FLOW_THROTTLE, FLOW_THROTTLE_EVENT, ledger.clone())
+            .throttle(FLOW_THROTTLE_LIMIT, FLOW_THROTTLE_PERIOD, FLOW_THROTTLE_BURST, Some("/account"))
+            .handler(flow_handler(ledger.clone())),
+        flow(FLOW_RATE, FLOW_RATE_EVENT, ledger.clone())
+            .rate_limit(FLOW_RATE_LIMIT, FLOW_RATE_PERIOD, Some("/account"))
+            .handler(flow_handler(ledger.clone())),
+        backpressure(FLOW_BACKPRESSURE[0], FLOW_BACKPRESSURE_EVENTS[0], ledger.clone()),
+        backpressure(FLOW_BACKPRESSURE[1], FLOW_BACKPRESSURE_EVENTS[1], ledger.clone()),
         sleeper(ledger.clone()),
         mixed(ledger.clone()),
     ]
+}
+
+/// A back-pressure function: no retries, so a pause that used one up would fail the run.
+fn backpressure(id: &str, event: &str, ledger: Ledger) -> Function {
+    Function::new(id).on_event(event).retries(0).backpressure_shared(FLOW_BACKPRESSURE_RULE, Some("/account")).handler(
+        move |ctx: Ctx, input: BackpressureInput| {
+            let ledger = ledger.clone();
+            async move {
+                let row = ledger.begin(ctx.run_id(), FLOW_ATTEMPT_KEY, ctx.attempt()).await?;
+                let first = ledger.executions(ctx.run_id(), FLOW_ATTEMPT_KEY).await? == 1;
+                ledger.end(row).await?;
+                match input.retry_after_ms {
+                    Some(ms) if first => {
+                        Err(HandlerError::retry_after("429 Too Many Requests", Duration::from_millis(ms)))
+                    }
+                    _ => Ok(input.n),
+                }
+            }
+        },
+    )
 }
 
 fn flow(id: &str, event: &str, _ledger: Ledger) -> durastep::FunctionBuilder {

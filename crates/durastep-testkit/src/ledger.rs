@@ -39,7 +39,10 @@ const CREATE: &str = "CREATE TABLE IF NOT EXISTS testkit_ledger (
     ended_at    timestamptz,
     -- The worker's own wall clock when the body started (the database's
     -- started_at is when the INSERT ran, which a slow network can delay).
-    worker_clock timestamptz
+    worker_clock timestamptz,
+    -- Durastep's database clock (durastep.now(): the test offset included)
+    -- when the INSERT ran: what flow limits and due times are judged by.
+    db_started  timestamptz
 );
 CREATE INDEX IF NOT EXISTS testkit_ledger_run_step ON testkit_ledger (run_id, step_key);
 -- Rows written by the `record` step_tx of the mixed function, inside its
@@ -161,8 +164,8 @@ impl Ledger {
     /// ```
     pub async fn begin(&self, run_id: Uuid, step_key: &str, attempt: u32) -> Result<i64> {
         let id = sqlx::query_scalar(
-            "INSERT INTO testkit_ledger (run_id, step_key, attempt, lease_epoch, pid, worker, worker_clock)
-             SELECT $1, $2, $3, (SELECT lease_epoch FROM durastep.runs WHERE id = $1), $4, $5, $6
+            "INSERT INTO testkit_ledger (run_id, step_key, attempt, lease_epoch, pid, worker, worker_clock, db_started)
+             SELECT $1, $2, $3, (SELECT lease_epoch FROM durastep.runs WHERE id = $1), $4, $5, $6, durastep.now()
              RETURNING id",
         )
         .bind(run_id)
@@ -193,6 +196,23 @@ impl Ledger {
 }
 
 impl Ledger {
+    /// How many executions of one step of one run the ledger holds so far
+    /// (including one just begun): lets a body act on its first execution only,
+    /// where `Ctx::attempt` does not tell (a back-pressure retry keeps the attempt).
+    ///
+    /// ```no_run
+    /// # async fn demo(ledger: durastep_testkit::Ledger, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+    /// let first = ledger.executions(run, "attempt").await? == 1;
+    /// # let _ = first; Ok(()) }
+    /// ```
+    pub async fn executions(&self, run_id: Uuid, step_key: &str) -> Result<i64> {
+        Ok(sqlx::query_scalar("SELECT count(*) FROM testkit_ledger WHERE run_id = $1 AND step_key = $2")
+            .bind(run_id)
+            .bind(step_key)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
     /// Calls the external service: a write keyed by `idempotency_key` that
     /// happens once per key (later calls with the same key only count). Returns
     /// true when this call made the write.

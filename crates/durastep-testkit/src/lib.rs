@@ -15,7 +15,8 @@
 //!   [`WorkerProcess::failpoint_fired`] counts the firings.
 //! - **Test functions** ([`functions`]): `five-steps`, `slow-step`,
 //!   `sleeper` (a step, a durable sleep, a step) and `mixed` (a step, a
-//!   `step_tx`, a durable sleep, a step), whose
+//!   `step_tx`, a durable sleep, a step), the flow functions (concurrency,
+//!   throttle, rate limit and back-pressure per account), whose
 //!   outputs are deterministic functions of their input (the oracles), and
 //!   whose step bodies record each execution in the **ledger**.
 //! - **Ledger** ([`ledger`]): one row per execution of a step body, written on
@@ -92,8 +93,8 @@ mod wait;
 pub use cluster::{Cluster, KEEP_LOGS, READY_TIMEOUT};
 pub use error::{Error, Result};
 pub use functions::{
-    FiveSteps, FlowInput, FunctionSettings, Mixed, Sleeper, SlowStep, five_steps_key, five_steps_oracle,
-    five_steps_step_output, mixed_oracle, sleeper_oracle, slow_step_oracle,
+    BackpressureInput, FiveSteps, FlowInput, FunctionSettings, Mixed, Sleeper, SlowStep, five_steps_key,
+    five_steps_oracle, five_steps_step_output, mixed_oracle, sleeper_oracle, slow_step_oracle,
 };
 pub use ledger::{Ledger, LedgerOptions};
 pub use process::{Signal, WorkerConfig, WorkerProcess};
