@@ -227,35 +227,28 @@ async fn runs_with_steps(pool: &PgPool, function_id: &str) -> Result<Vec<(Uuid, 
 /// # Ok(()) }
 /// ```
 pub async fn five_steps_mismatches(pool: &PgPool) -> Result<Vec<String>> {
-    let mut problems = Vec::new();
-    for (id, state, output, payload, steps) in runs_with_steps(pool, functions::FIVE_STEPS).await? {
-        let input: FiveSteps = match serde_json::from_value(payload) {
-            Ok(i) => i,
-            Err(e) => {
-                problems.push(format!("run {id}: input does not parse: {e}"));
-                continue;
+    oracle_mismatches(
+        pool,
+        functions::FIVE_STEPS,
+        |i: &FiveSteps| functions::five_steps_oracle(i.n),
+        |id, input, steps, problems| {
+            if steps.len() != 5 {
+                problems.push(format!(
+                    "run {id}: {} stored steps: {:?}",
+                    steps.len(),
+                    steps.keys().collect::<Vec<_>>()
+                ));
             }
-        };
-        if state != "completed" {
-            problems.push(format!("run {id}: state {state}"));
-        }
-        let want = Value::from(functions::five_steps_oracle(input.n));
-        if output.as_ref() != Some(&want) {
-            problems.push(format!("run {id}: output {output:?}, oracle {want}"));
-        }
-        let steps = steps.as_object().cloned().unwrap_or_default();
-        if steps.len() != 5 {
-            problems.push(format!("run {id}: {} stored steps: {:?}", steps.len(), steps.keys().collect::<Vec<_>>()));
-        }
-        for i in 1..=5 {
-            let key = functions::five_steps_key(i);
-            let want = Value::from(functions::five_steps_step_output(input.n, i));
-            if steps.get(&key) != Some(&want) {
-                problems.push(format!("run {id}: step {key} stored {:?}, oracle {want}", steps.get(&key)));
+            for i in 1..=5 {
+                let key = functions::five_steps_key(i);
+                let want = Value::from(functions::five_steps_step_output(input.n, i));
+                if steps.get(&key) != Some(&want) {
+                    problems.push(format!("run {id}: step {key} stored {:?}, oracle {want}", steps.get(&key)));
+                }
             }
-        }
-    }
-    Ok(problems)
+        },
+    )
+    .await
 }
 
 /// Like [`five_steps_mismatches`], for the slow-step runs.
@@ -266,9 +259,31 @@ pub async fn five_steps_mismatches(pool: &PgPool) -> Result<Vec<String>> {
 /// # Ok(()) }
 /// ```
 pub async fn slow_step_mismatches(pool: &PgPool) -> Result<Vec<String>> {
+    oracle_mismatches(
+        pool,
+        functions::SLOW_STEP,
+        |i: &SlowStep| functions::slow_step_oracle(i.n),
+        |id, _, steps, problems| {
+            if steps.len() != functions::SLOW_STEP_KEYS.len() {
+                problems.push(format!("run {id}: stored steps {:?}", steps.keys().collect::<Vec<_>>()));
+            }
+        },
+    )
+    .await
+}
+
+/// The checks every `*_mismatches` shares: each run of `function` has an input
+/// that parses, is completed, and has output `oracle(input)`; then
+/// `check_steps` looks at its stored step results. One line per problem.
+async fn oracle_mismatches<I: serde::de::DeserializeOwned>(
+    pool: &PgPool,
+    function: &str,
+    oracle: impl Fn(&I) -> u64,
+    check_steps: impl Fn(Uuid, &I, &serde_json::Map<String, Value>, &mut Vec<String>),
+) -> Result<Vec<String>> {
     let mut problems = Vec::new();
-    for (id, state, output, payload, steps) in runs_with_steps(pool, functions::SLOW_STEP).await? {
-        let input: SlowStep = match serde_json::from_value(payload) {
+    for (id, state, output, payload, steps) in runs_with_steps(pool, function).await? {
+        let input: I = match serde_json::from_value(payload) {
             Ok(i) => i,
             Err(e) => {
                 problems.push(format!("run {id}: input does not parse: {e}"));
@@ -278,14 +293,11 @@ pub async fn slow_step_mismatches(pool: &PgPool) -> Result<Vec<String>> {
         if state != "completed" {
             problems.push(format!("run {id}: state {state}"));
         }
-        let want = Value::from(functions::slow_step_oracle(input.n));
+        let want = Value::from(oracle(&input));
         if output.as_ref() != Some(&want) {
             problems.push(format!("run {id}: output {output:?}, oracle {want}"));
         }
-        let keys: Vec<&String> = steps.as_object().map(|m| m.keys().collect()).unwrap_or_default();
-        if keys.len() != functions::SLOW_STEP_KEYS.len() {
-            problems.push(format!("run {id}: stored steps {keys:?}"));
-        }
+        check_steps(id, &input, &steps.as_object().cloned().unwrap_or_default(), &mut problems);
     }
     Ok(problems)
 }
@@ -560,31 +572,21 @@ pub async fn count_in_state(pool: &PgPool, ids: &[Uuid], state: &str) -> Result<
 /// # Ok(()) }
 /// ```
 pub async fn mixed_mismatches(pool: &PgPool) -> Result<Vec<String>> {
-    let mut problems = Vec::new();
-    for (id, state, output, payload, steps) in runs_with_steps(pool, functions::MIXED).await? {
-        let input: Mixed = match serde_json::from_value(payload) {
-            Ok(i) => i,
-            Err(e) => {
-                problems.push(format!("run {id}: input does not parse: {e}"));
-                continue;
+    oracle_mismatches(
+        pool,
+        functions::MIXED,
+        |i: &Mixed| functions::mixed_oracle(i.n),
+        |id, _, steps, problems| {
+            let mut keys: Vec<&String> = steps.keys().collect();
+            keys.sort();
+            let mut want_keys: Vec<&str> = functions::MIXED_KEYS.to_vec();
+            want_keys.sort_unstable();
+            if keys != want_keys {
+                problems.push(format!("run {id}: stored steps {keys:?}"));
             }
-        };
-        if state != "completed" {
-            problems.push(format!("run {id}: state {state}"));
-        }
-        let want = Value::from(functions::mixed_oracle(input.n));
-        if output.as_ref() != Some(&want) {
-            problems.push(format!("run {id}: output {output:?}, oracle {want}"));
-        }
-        let mut keys: Vec<&String> = steps.as_object().map(|m| m.keys().collect()).unwrap_or_default();
-        keys.sort();
-        let mut want_keys: Vec<&str> = functions::MIXED_KEYS.to_vec();
-        want_keys.sort_unstable();
-        if keys != want_keys {
-            problems.push(format!("run {id}: stored steps {keys:?}"));
-        }
-    }
-    Ok(problems)
+        },
+    )
+    .await
 }
 
 /// Whether the run is sleeping and not yet due by the database clock (a test
