@@ -47,3 +47,19 @@ async fn three_steps_and_a_retry(_p: PgPoolOptions, opts: PgConnectOptions) {
     assert_eq!(flaky.load(Ordering::SeqCst), 2);
     assert_eq!(run.attempt, 2);
 }
+
+/// The pools Durastep builds from a URL run with JIT off: with it on, the
+/// generic plan of a 1,000-event send spent 1.6 s compiling (docs/performance.md).
+#[sqlx::test(migrations = false)]
+async fn pools_built_from_a_url_turn_jit_off(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let url = format!(
+        "postgres://{}@{}:{}/{}",
+        opts.get_username(),
+        opts.get_host(),
+        opts.get_port(),
+        opts.get_database().unwrap_or("postgres")
+    );
+    let engine = durastep::Engine::builder().database_url(url).build().await.expect("build");
+    let jit: String = sqlx::query_scalar("SHOW jit").fetch_one(engine.pool()).await.unwrap();
+    assert_eq!(jit, "off");
+}
