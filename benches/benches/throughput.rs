@@ -12,7 +12,9 @@
 //!
 //! Knobs (environment): `BENCH_WRITERS` (group-commit writer tasks per worker,
 //! default the engine's), `BENCH_POOL` (pool per worker process, default 10),
-//! `BENCH_CLAIM_BATCH`, `BENCH_ONLY` (`raw`, `matrix` or `drain`).
+//! `BENCH_CLAIM_BATCH`, `BENCH_ONLY` (`raw`, `matrix` or `drain`),
+//! `BENCH_HISTORY=off` (disables the `runs_history` trigger, to measure what the
+//! run history costs; never do this in production).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -138,6 +140,13 @@ async fn main() {
         builder = builder.function(f);
     }
     let engine = builder.build().await.expect("build engine");
+    if std::env::var("BENCH_HISTORY").is_ok_and(|v| v == "off") {
+        sqlx::query("ALTER TABLE durastep.runs DISABLE TRIGGER runs_history")
+            .execute(&pool)
+            .await
+            .expect("disable the history trigger");
+        println!("(run history trigger disabled: BENCH_HISTORY=off)");
+    }
 
     if runs_section("matrix") {
         let runs = 10_000;

@@ -379,3 +379,40 @@ async fn workers_prune_on_their_own_with_retention(_p: PgPoolOptions, opts: PgCo
     assert_eq!(engine.run(recent).await.unwrap().state, RunState::Completed);
     w.stop().await;
 }
+
+/// Catches: a history that records only the worker's own transitions. The
+/// reaper (lease lost), a cancel and a replay each leave their entry, with the
+/// lease-lost execution told apart from a retry.
+#[sqlx::test(migrations = false)]
+async fn history_records_reaper_cancel_and_replay_paths(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let h = Arc::new(common::Handoff::default());
+    let hh = h.clone();
+    let make = move || {
+        let hh = hh.clone();
+        Function::new("handed").on_event("go").handler(move |ctx: Ctx, _: ()| {
+            let hh = hh.clone();
+            async move {
+                let _guard = hh.drop_guard(ctx.attempt());
+                hh.hold(ctx.attempt()).await;
+                Ok(())
+            }
+        })
+    };
+    let (id, _ea, wa, engine, wb) = common::take_over(&opts, make, &h).await;
+    h.b_gate.open();
+    assert_eq!(common::finished(&engine, id).await.state, RunState::Completed);
+    common::release_stale(&h, wa).await;
+    wb.stop().await;
+    let d = engine.inspect().run(id).await.unwrap();
+    let outcomes: Vec<AttemptOutcome> = d.attempts.iter().map(|a| a.outcome).collect();
+    assert_eq!(outcomes, [AttemptOutcome::LeaseLost, AttemptOutcome::Completed]);
+    assert_ne!(d.attempts[0].worker_id, d.attempts[1].worker_id);
+    assert!(d.attempts[0].error.as_deref().unwrap().starts_with("lease expired"));
+
+    // A cancel of a queued run (no worker), then a replay of it.
+    let other = engine.send(Event::new("go", &())).await.unwrap().run_ids[0];
+    engine.cancel(other, "not needed").await.unwrap();
+    engine.replay(other, ReplayFrom::Start).await.unwrap();
+    let states: Vec<RunState> = engine.inspect().run(other).await.unwrap().history.iter().map(|h| h.state).collect();
+    assert_eq!(states, [RunState::Cancelled, RunState::Queued]);
+}
