@@ -27,7 +27,7 @@ use crate::codec::{self, Keyring};
 use crate::event::{Event, SendReceipt};
 use crate::failure::{HandlerError, HandlerResult};
 use crate::limits::{self, Limits};
-use crate::store::{self, PendingWrite, WriteOutcome};
+use crate::store::{self, PendingWrite, StepTiming, WriteOutcome};
 
 /// The future a [`Ctx::step_tx`] closure returns: it borrows the step's connection.
 pub type TxFuture<'c, T> = Pin<Box<dyn Future<Output = HandlerResult<T>> + Send + 'c>>;
@@ -223,7 +223,16 @@ impl Ctx {
         std::future::pending().await
     }
 
-    async fn checkpoint(&self, key: &str, value: Value) -> HandlerResult<Option<Value>> {
+    /// When a step began and ended, by the database clock as this attempt knows it.
+    fn timing(&self, started_at: DateTime<Utc>) -> StepTiming {
+        StepTiming {
+            started_at,
+            finished_at: self.db_time(),
+            attempt: i32::try_from(self.inner.attempt).unwrap_or(i32::MAX),
+        }
+    }
+
+    async fn checkpoint(&self, key: &str, value: Value, started_at: DateTime<Utc>) -> HandlerResult<Option<Value>> {
         let output = match limits::check_payload(&value, &self.inner.limits) {
             Ok(text) => self.seal(key, text),
             Err(e) => return Err(HandlerError::permanent(format!("step {key}: output refused: {e}"))),
@@ -234,6 +243,7 @@ impl Ctx {
             epoch: self.inner.epoch,
             key: key.to_owned(),
             output,
+            timing: self.timing(started_at),
         };
         match self.inner.writer.write(write).await {
             Ok(WriteOutcome::Stored) => {
@@ -285,21 +295,22 @@ impl Ctx {
                     return ctx.stop(Signal::Fenced).await;
                 }
                 crate::failpoint!("step-before-body", Err(HandlerError::new("failpoint step-before-body")));
+                let started_at = ctx.db_time();
                 let value = match f().await {
                     Ok(v) => v,
-                    Err(e) => return ctx.stop(Signal::StepFailed(annotate(&key, e))).await,
+                    Err(e) => return ctx.stop(Signal::StepFailed(annotate(&key, e).at_step(&key))).await,
                 };
                 let json = match serde_json::to_value(&value) {
                     Ok(j) => j,
                     Err(e) => {
                         let e = HandlerError::permanent(format!("step {key}: output does not serialize: {e}"));
-                        return ctx.stop(Signal::StepFailed(e)).await;
+                        return ctx.stop(Signal::StepFailed(e.at_step(&key))).await;
                     }
                 };
-                match ctx.checkpoint(&key, json).await {
+                match ctx.checkpoint(&key, json, started_at).await {
                     Ok(None) => Ok(value),
                     Ok(Some(stored)) => ctx.open(&key, stored),
-                    Err(e) => ctx.stop(Signal::StepFailed(e)).await,
+                    Err(e) => ctx.stop(Signal::StepFailed(e.at_step(&key))).await,
                 }
             }
             .instrument(span)
@@ -352,7 +363,7 @@ impl Ctx {
                 Ok(TxOutcome::Committed(v)) => Ok(v),
                 Ok(TxOutcome::Adopted(stored)) => ctx.open(&key, stored),
                 Ok(TxOutcome::Fenced) => ctx.stop(Signal::Fenced).await,
-                Err(e) => ctx.stop(Signal::StepFailed(e)).await,
+                Err(e) => ctx.stop(Signal::StepFailed(e.at_step(&key))).await,
             }
         }
         .instrument(tracing::debug_span!("step_tx", step = name))
@@ -409,6 +420,7 @@ impl Ctx {
         F: for<'c> FnOnce(&'c mut PgConnection) -> TxFuture<'c, T> + Send,
     {
         let db = |e: sqlx::Error| HandlerError::new(format!("step {key}: {e}"));
+        let started_at = self.db_time();
         let mut tx = self.inner.pool.begin().await.map_err(db)?;
         let value = f(&mut tx).await.map_err(|e| annotate(key, e))?;
         let json = serde_json::to_value(&value)
@@ -416,7 +428,10 @@ impl Ctx {
         let text = limits::check_payload(&json, &self.inner.limits)
             .map_err(|e| HandlerError::permanent(format!("step {key}: output refused: {e}")))?;
         let text = self.seal(key, text);
-        match store::checkpoint_in_tx(&mut tx, self.inner.run_id, self.inner.epoch, key, &text).await.map_err(db)? {
+        match store::checkpoint_in_tx(&mut tx, self.inner.run_id, self.inner.epoch, key, &text, self.timing(started_at))
+            .await
+            .map_err(db)?
+        {
             None => return Ok(TxOutcome::Fenced),
             Some(Some(stored)) => return Ok(TxOutcome::Adopted(stored)),
             Some(None) => {}
@@ -477,11 +492,11 @@ impl Ctx {
                     return self.stop(Signal::Fenced).await;
                 }
                 let record = serde_json::to_value(SleepRecord { wake_at }).map_err(HandlerError::from)?;
-                match self.checkpoint(key, record).await {
+                match self.checkpoint(key, record, self.db_time()).await {
                     Ok(None) => wake_at,
                     Ok(Some(stored)) => self.open::<SleepRecord>(key, stored)?.wake_at,
                     // Like a failed step: the attempt ends; user code never sees it.
-                    Err(e) => return self.stop(Signal::StepFailed(e)).await,
+                    Err(e) => return self.stop(Signal::StepFailed(e.at_step(key))).await,
                 }
             }
         };
@@ -495,7 +510,7 @@ impl Ctx {
             Ok(None) => self.stop(Signal::Fenced).await,
             Err(e) => {
                 let e = HandlerError::new(format!("step {key}: could not suspend: {e}"));
-                self.stop(Signal::StepFailed(e)).await
+                self.stop(Signal::StepFailed(e.at_step(key))).await
             }
         }
     }
@@ -647,7 +662,7 @@ impl Ctx {
             }
             Err(e) => {
                 let e = HandlerError::new(format!("step {key}: could not wait: {e}"));
-                self.stop(Signal::StepFailed(e)).await
+                self.stop(Signal::StepFailed(e.at_step(&key))).await
             }
         }
     }
@@ -774,7 +789,7 @@ impl Ctx {
             }
             Err(e) => {
                 let e = HandlerError::new(format!("step {key}: could not invoke: {e}"));
-                self.stop(Signal::StepFailed(e)).await
+                self.stop(Signal::StepFailed(e.at_step(&key))).await
             }
         }
     }

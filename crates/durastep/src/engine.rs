@@ -256,6 +256,10 @@ impl Engine {
         &self.inner.pool
     }
 
+    pub(crate) fn keyring(&self) -> Option<Arc<Keyring>> {
+        self.inner.keyring.clone()
+    }
+
     /// Takes back runs whose lease has expired, once, now (workers do this on
     /// their own every `reap_interval`). Returns how many runs were taken back.
     ///
@@ -585,7 +589,8 @@ pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
 /// assert!(durastep::RunState::Completed.is_finished());
 /// assert!(!durastep::RunState::Sleeping.is_finished());
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum RunState {
     /// Waiting to be claimed (new, or retrying after its backoff).
@@ -617,6 +622,40 @@ impl RunState {
     pub fn is_finished(self) -> bool {
         matches!(self, RunState::Completed | RunState::Failed | RunState::Cancelled | RunState::Skipped)
     }
+
+    /// The state's name as stored (`queued`, `running`, ... `skipped`).
+    ///
+    /// ```
+    /// assert_eq!(durastep::RunState::Failed.as_str(), "failed");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Queued => "queued",
+            RunState::Running => "running",
+            RunState::Sleeping => "sleeping",
+            RunState::Waiting => "waiting",
+            RunState::Completed => "completed",
+            RunState::Failed => "failed",
+            RunState::Cancelled => "cancelled",
+            RunState::Skipped => "skipped",
+        }
+    }
+
+    /// Every state, in lifecycle order.
+    ///
+    /// ```
+    /// assert_eq!(durastep::RunState::ALL.len(), 8);
+    /// ```
+    pub const ALL: [RunState; 8] = [
+        RunState::Queued,
+        RunState::Running,
+        RunState::Sleeping,
+        RunState::Waiting,
+        RunState::Completed,
+        RunState::Failed,
+        RunState::Cancelled,
+        RunState::Skipped,
+    ];
 
     pub(crate) fn parse(s: &str) -> RunState {
         match s {

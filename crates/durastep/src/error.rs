@@ -59,6 +59,18 @@ pub enum Error {
         /// The state it finished in.
         state: crate::RunState,
     },
+    /// A run cannot be replayed (it is not failed or cancelled, or another run
+    /// holds its singleton key); it was left as it was.
+    #[error("run {run_id} cannot be replayed: {reason}")]
+    NotReplayable {
+        /// The run.
+        run_id: uuid::Uuid,
+        /// Why.
+        reason: String,
+    },
+    /// An inspection filter is invalid (a bad key path, page size or cursor).
+    #[error("invalid filter: {0}")]
+    InvalidFilter(String),
 }
 
 impl Error {

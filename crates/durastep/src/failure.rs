@@ -29,6 +29,8 @@ pub struct HandlerError {
     message: String,
     permanent: bool,
     retry_after: Option<Duration>,
+    /// The step whose failure this is (set by the step that ended the attempt).
+    step: Option<String>,
 }
 
 /// What handlers and step closures return.
@@ -46,7 +48,7 @@ impl HandlerError {
     /// assert!(!durastep::HandlerError::new("timeout").is_permanent());
     /// ```
     pub fn new(message: impl Into<String>) -> Self {
-        HandlerError { message: message.into(), permanent: false, retry_after: None }
+        HandlerError { message: message.into(), permanent: false, retry_after: None, step: None }
     }
 
     /// A failure that retrying cannot fix: the run fails at once.
@@ -55,7 +57,7 @@ impl HandlerError {
     /// assert!(durastep::HandlerError::permanent("bad input").is_permanent());
     /// ```
     pub fn permanent(message: impl Into<String>) -> Self {
-        HandlerError { message: message.into(), permanent: true, retry_after: None }
+        HandlerError { message: message.into(), permanent: true, retry_after: None, step: None }
     }
 
     /// A retryable failure that names when to try again (an HTTP 429's Retry-After).
@@ -65,7 +67,7 @@ impl HandlerError {
     /// assert!(!e.is_permanent());
     /// ```
     pub fn retry_after(message: impl Into<String>, delay: Duration) -> Self {
-        HandlerError { message: message.into(), permanent: false, retry_after: Some(delay) }
+        HandlerError { message: message.into(), permanent: false, retry_after: Some(delay), step: None }
     }
 
     /// The message that is stored as the run's `last_error`.
@@ -93,6 +95,17 @@ impl HandlerError {
     /// ```
     pub fn retry_after_delay(&self) -> Option<Duration> {
         self.retry_after
+    }
+
+    /// Marks the failure as the failure of step `key` (kept on the run's history).
+    pub(crate) fn at_step(mut self, key: &str) -> Self {
+        self.step = Some(key.to_owned());
+        self
+    }
+
+    /// The step whose failure ended the attempt, when it ended at a step.
+    pub(crate) fn step(&self) -> Option<&str> {
+        self.step.as_deref()
     }
 }
 

@@ -15,6 +15,8 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
+pub(crate) mod inspect;
+
 /// The channel workers LISTEN on. Payloads are empty: a notification is only a hint.
 pub(crate) const WAKEUP_CHANNEL: &str = "durastep_wakeup";
 
@@ -972,7 +974,8 @@ pub(crate) async fn reap_expired(pool: &PgPool, seen: &[(Uuid, i64)]) -> Result<
                 attempt = CASE WHEN r.attempt >= r.max_attempts THEN r.attempt ELSE r.attempt + 1 END,
                 finished_at = CASE WHEN r.attempt >= r.max_attempts THEN durastep.now() END,
                 run_at = durastep.now(), lease_expires_at = NULL, worker_id = NULL,
-                last_error = 'lease expired: the worker was lost during attempt ' || r.attempt
+                last_error = 'lease expired: the worker was lost during attempt ' || r.attempt,
+                failed_step = NULL
            FROM l WHERE r.id = l.id
          RETURNING r.id, r.state",
     )
@@ -1014,10 +1017,18 @@ pub(crate) async fn expire_timeouts(pool: &PgPool, limit: i64) -> Result<u64, sq
     Ok(n as u64)
 }
 
+/// When a step ran (database clock, as the attempt knows it) and in which attempt.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepTiming {
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub attempt: i32,
+}
+
 /// One pending write of the group commit.
 pub(crate) enum PendingWrite {
     /// Store a step result.
-    Checkpoint { run_id: Uuid, epoch: i64, key: String, output: String },
+    Checkpoint { run_id: Uuid, epoch: i64, key: String, output: String, timing: StepTiming },
     /// Complete the run with its output.
     Complete { run_id: Uuid, epoch: i64, output: String },
 }
@@ -1039,14 +1050,18 @@ pub(crate) enum WriteOutcome {
 /// row and a repeated completion is recognised by its epoch.
 pub(crate) async fn flush_writes(pool: &PgPool, writes: &[PendingWrite]) -> Result<Vec<WriteOutcome>, sqlx::Error> {
     let (mut cp_run, mut cp_epoch, mut cp_key, mut cp_out) = (vec![], vec![], vec![], vec![]);
+    let (mut cp_start, mut cp_end, mut cp_attempt) = (vec![], vec![], vec![]);
     let (mut dn_run, mut dn_epoch, mut dn_out) = (vec![], vec![], vec![]);
     for w in writes {
         match w {
-            PendingWrite::Checkpoint { run_id, epoch, key, output } => {
+            PendingWrite::Checkpoint { run_id, epoch, key, output, timing } => {
                 cp_run.push(*run_id);
                 cp_epoch.push(*epoch);
                 cp_key.push(key.as_str());
                 cp_out.push(output.as_str());
+                cp_start.push(timing.started_at);
+                cp_end.push(timing.finished_at);
+                cp_attempt.push(timing.attempt);
             }
             PendingWrite::Complete { run_id, epoch, output } => {
                 dn_run.push(*run_id);
@@ -1057,8 +1072,9 @@ pub(crate) async fn flush_writes(pool: &PgPool, writes: &[PendingWrite]) -> Resu
     }
     let rows: Vec<(i32, i64, bool, bool)> = sqlx::query_as(
         "WITH cp AS (
-             SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[])
-                 WITH ORDINALITY AS t(run_id, epoch, step_key, output, ord)),
+             SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[],
+                                  $8::timestamptz[], $9::timestamptz[], $10::int[])
+                 WITH ORDINALITY AS t(run_id, epoch, step_key, output, started_at, finished_at, attempt, ord)),
          dn AS (
              SELECT * FROM unnest($5::uuid[], $6::bigint[], $7::text[])
                  WITH ORDINALITY AS t(run_id, epoch, output, ord)),
@@ -1067,8 +1083,8 @@ pub(crate) async fn flush_writes(pool: &PgPool, writes: &[PendingWrite]) -> Resu
               WHERE r.id = ANY ($1::uuid[] || $5::uuid[]) AND r.state = 'running'
               ORDER BY r.id FOR NO KEY UPDATE),
          ins AS (
-             INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch)
-             SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch
+             INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt)
+             SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt
                FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
              ON CONFLICT (run_id, step_key) DO NOTHING
              RETURNING run_id, step_key),
@@ -1093,6 +1109,9 @@ pub(crate) async fn flush_writes(pool: &PgPool, writes: &[PendingWrite]) -> Resu
     .bind(&dn_run)
     .bind(&dn_epoch)
     .bind(&dn_out)
+    .bind(&cp_start)
+    .bind(&cp_end)
+    .bind(&cp_attempt)
     .fetch_all(pool)
     .await?;
 
@@ -1172,6 +1191,7 @@ pub(crate) async fn fail_attempt(
     delay: Duration,
     pause: bool,
     free_pauses: i32,
+    failed_step: Option<&str>,
 ) -> Result<Option<String>, sqlx::Error> {
     sqlx::query_scalar(
         "WITH u AS (
@@ -1185,7 +1205,7 @@ pub(crate) async fn fail_attempt(
                     attempt = CASE WHEN $4 OR attempt >= max_attempts OR ($6 AND pauses < $7) THEN attempt
                                    ELSE attempt + 1 END,
                     pauses = CASE WHEN NOT $4 AND $6 AND pauses < $7 THEN pauses + 1 ELSE pauses END,
-                    last_error = $3, lease_expires_at = NULL, worker_id = NULL
+                    last_error = $3, failed_step = $8, lease_expires_at = NULL, worker_id = NULL
               WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
              RETURNING state, function_id, event_id),
          bp AS (
@@ -1209,6 +1229,7 @@ pub(crate) async fn fail_attempt(
     .bind(secs(delay))
     .bind(pause)
     .bind(free_pauses)
+    .bind(failed_step)
     .fetch_optional(pool)
     .await
 }
@@ -1385,6 +1406,7 @@ pub(crate) async fn checkpoint_in_tx(
     epoch: i64,
     key: &str,
     output: &str,
+    timing: StepTiming,
 ) -> Result<Option<Option<Value>>, sqlx::Error> {
     let live: Option<i64> = sqlx::query_scalar(
         "SELECT lease_epoch FROM durastep.runs WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
@@ -1398,13 +1420,16 @@ pub(crate) async fn checkpoint_in_tx(
         return Ok(None);
     }
     let inserted = sqlx::query(
-        "INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch)
-         VALUES ($1, $2, $3::jsonb, $4) ON CONFLICT (run_id, step_key) DO NOTHING",
+        "INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt)
+         VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7) ON CONFLICT (run_id, step_key) DO NOTHING",
     )
     .bind(run_id)
     .bind(key)
     .bind(output)
     .bind(epoch)
+    .bind(timing.started_at)
+    .bind(timing.finished_at)
+    .bind(timing.attempt)
     .execute(&mut *conn)
     .await?
     .rows_affected();

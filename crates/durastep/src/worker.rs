@@ -54,6 +54,15 @@ pub struct WorkerOptions {
     pub listen: bool,
     /// Group-commit writer tasks (default 2).
     pub writers: usize,
+    /// Automatic pruning: when set, this worker deletes finished runs (with
+    /// their steps, history and events) that finished longer ago than this,
+    /// every `prune_interval`, as [`crate::Engine::prune`] does (default None:
+    /// keep everything). Several workers may prune at once; they split the work.
+    pub retention: Option<Duration>,
+    /// How often a worker with `retention` prunes (default 60 s). Each round
+    /// deletes at most 20 batches of 500 runs, so a large backlog is worked
+    /// off over several rounds without long transactions.
+    pub prune_interval: Duration,
 }
 
 impl Default for WorkerOptions {
@@ -68,6 +77,8 @@ impl Default for WorkerOptions {
             shutdown_grace: Duration::from_secs(30),
             listen: true,
             writers: 2,
+            retention: None,
+            prune_interval: Duration::from_secs(60),
         }
     }
 }
@@ -122,6 +133,12 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             background.push(tokio::spawn(listen_loop(engine.clone(), wake.clone(), stop_background.clone())));
         }
         background.push(tokio::spawn(cron_loop(engine.clone(), stop_background.clone())));
+        if let Some(retention) = opts.retention {
+            background.push(spawn_supervised("pruner", {
+                let (engine, stop) = (engine.clone(), stop_background.clone());
+                move || prune_loop(engine.clone(), retention, stop.clone())
+            }));
+        }
 
         let slots = Arc::new(Semaphore::new(opts.max_in_flight.max(1)));
         let mut executors = tokio::task::JoinSet::new();
@@ -337,6 +354,7 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
             Duration::ZERO,
             false,
             0,
+            None,
         )
         .await;
         return;
@@ -461,6 +479,7 @@ async fn fail(
             delay,
             pause,
             crate::flow::BACKPRESSURE_FREE_RETRIES,
+            e.step(),
         );
         match failed.await {
             Ok(Some(state)) => {
@@ -589,6 +608,21 @@ async fn reaper_loop(engine: Arc<EngineInner>, stop: CancellationToken) {
         }
         if let Err(e) = reap_once(&engine.control_pool).await {
             tracing::warn!(error = %e, "reaper failed");
+        }
+    }
+}
+
+/// Prunes finished runs older than `retention` every `prune_interval`.
+async fn prune_loop(engine: Arc<EngineInner>, retention: Duration, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(engine.worker.prune_interval) => {}
+            _ = stop.cancelled() => return,
+        }
+        match crate::inspect::prune_all(&engine.control_pool, retention, 20).await {
+            Ok(r) if r.runs + r.events > 0 => tracing::info!(runs = r.runs, events = r.events, "pruned finished runs"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "pruning failed"),
         }
     }
 }

@@ -1,0 +1,1339 @@
+//! Inspection: what happened to a run, and why another one is not running.
+//!
+//! [`Engine::inspect`] returns an [`Inspector`], which reads (never writes) the
+//! runs, their events, state history and step timelines, the counts per
+//! function and state, and what holds every run that is due but not running
+//! (the `durastep.run_blockers` view). The `durastep` CLI and its dashboard use
+//! only this API and the engine's actions ([`Engine::replay`],
+//! [`Engine::replay_many`], [`Engine::cancel`], [`Engine::prune`]).
+//!
+//! ```no_run
+//! # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+//! use durastep::inspect::RunFilter;
+//! use durastep::RunState;
+//! let page = engine.inspect().runs(&RunFilter::new().function("meta-budget-update").state(RunState::Failed)).await?;
+//! for run in &page.runs {
+//!     let detail = engine.inspect().run(run.id).await?;
+//!     for step in &detail.steps {
+//!         println!("{} {:?} after {} attempt(s): {:?}", step.name, step.status, step.attempts, step.error);
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::codec::{self, Keyring};
+use crate::engine::{Engine, Run, RunState};
+use crate::error::{Error, from_sqlx};
+use crate::store::{self, inspect as sql};
+
+/// The most rows one listing returns.
+pub const MAX_PAGE: u32 = 1_000;
+
+/// Reads runs, events and functions. Get one from [`Engine::inspect`]; cheap to clone.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+/// for c in engine.inspect().counts().await? {
+///     println!("{:<30} {:<10} {}", c.function_id, c.state.as_str(), c.count);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Inspector {
+    pool: PgPool,
+    keyring: Option<Arc<Keyring>>,
+}
+
+impl fmt::Debug for Inspector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inspector").field("encryption", &self.keyring.is_some()).finish_non_exhaustive()
+    }
+}
+
+/// Where a listing goes on: pass it to [`RunFilter::after`] (or
+/// [`EventFilter::after`]) for the next page. Its text form (`Display` /
+/// `FromStr`) is what a URL or a CLI flag carries.
+///
+/// ```
+/// let c: durastep::inspect::Cursor = "1764579600000000_67e55044-10b1-426f-9247-bb680e5fe0c8".parse().unwrap();
+/// assert_eq!(c.to_string(), "1764579600000000_67e55044-10b1-426f-9247-bb680e5fe0c8");
+/// assert!("nonsense".parse::<durastep::inspect::Cursor>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    created_at: DateTime<Utc>,
+    id: Uuid,
+}
+
+impl fmt::Display for Cursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}_{}", self.created_at.timestamp_micros(), self.id)
+    }
+}
+
+impl FromStr for Cursor {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad = || Error::InvalidFilter(format!("not a page cursor: {:?}", s.chars().take(80).collect::<String>()));
+        let (micros, id) = s.split_once('_').ok_or_else(bad)?;
+        let micros: i64 = micros.parse().map_err(|_| bad())?;
+        let created_at = DateTime::from_timestamp_micros(micros).ok_or_else(bad)?;
+        let id = Uuid::parse_str(id).map_err(|_| bad())?;
+        Ok(Cursor { created_at, id })
+    }
+}
+
+/// Which runs to list (or replay): all conditions must hold. Newest first.
+///
+/// ```
+/// use durastep::{RunState, inspect::RunFilter};
+/// let f = RunFilter::new()
+///     .function("linkedin-budget-update")
+///     .state(RunState::Failed)
+///     .data("/ad_account_id", "act_7")
+///     .limit(20);
+/// # let _ = f;
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    function: Option<String>,
+    states: Vec<RunState>,
+    created_after: Option<DateTime<Utc>>,
+    created_before: Option<DateTime<Utc>>,
+    event_name: Option<String>,
+    idempotency_key: Option<String>,
+    data: Option<(String, Value)>,
+    limit: Option<u32>,
+    after: Option<Cursor>,
+}
+
+impl RunFilter {
+    /// Every run.
+    ///
+    /// ```
+    /// let all = durastep::inspect::RunFilter::new();
+    /// # let _ = all;
+    /// ```
+    pub fn new() -> Self {
+        RunFilter::default()
+    }
+
+    /// Runs of this function.
+    ///
+    /// ```
+    /// let f = durastep::inspect::RunFilter::new().function("send-invoice");
+    /// # let _ = f;
+    /// ```
+    pub fn function(mut self, id: impl Into<String>) -> Self {
+        self.function = Some(id.into());
+        self
+    }
+
+    /// Runs in this state; call again to allow several states.
+    ///
+    /// ```
+    /// use durastep::RunState;
+    /// let f = durastep::inspect::RunFilter::new().state(RunState::Failed).state(RunState::Cancelled);
+    /// # let _ = f;
+    /// ```
+    pub fn state(mut self, state: RunState) -> Self {
+        if !self.states.contains(&state) {
+            self.states.push(state);
+        }
+        self
+    }
+
+    /// Runs created at or after this time.
+    ///
+    /// ```
+    /// let f = durastep::inspect::RunFilter::new().created_after(chrono::Utc::now() - chrono::Duration::hours(1));
+    /// # let _ = f;
+    /// ```
+    pub fn created_after(mut self, t: DateTime<Utc>) -> Self {
+        self.created_after = Some(t);
+        self
+    }
+
+    /// Runs created before this time.
+    ///
+    /// ```
+    /// let f = durastep::inspect::RunFilter::new().created_before(chrono::Utc::now());
+    /// # let _ = f;
+    /// ```
+    pub fn created_before(mut self, t: DateTime<Utc>) -> Self {
+        self.created_before = Some(t);
+        self
+    }
+
+    /// Runs started by events of this name.
+    ///
+    /// ```
+    /// let f = durastep::inspect::RunFilter::new().event_name("deal/stage.changed");
+    /// # let _ = f;
+    /// ```
+    pub fn event_name(mut self, name: impl Into<String>) -> Self {
+        self.event_name = Some(name.into());
+        self
+    }
+
+    /// Runs started by the event sent with this idempotency key.
+    ///
+    /// ```
+    /// let f = durastep::inspect::RunFilter::new().idempotency_key("4711:placement:2026-W48");
+    /// # let _ = f;
+    /// ```
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Runs whose event data holds `value` at the JSON pointer `pointer` (the
+    /// key of a concurrency limit, say). A string value matches a JSON string.
+    ///
+    /// ```
+    /// let f = durastep::inspect::RunFilter::new().data("/ad_account_id", "act_7");
+    /// let g = durastep::inspect::RunFilter::new().data("/contact_id", 4711);
+    /// # let _ = (f, g);
+    /// ```
+    pub fn data(mut self, pointer: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.data = Some((pointer.into(), value.into()));
+        self
+    }
+
+    /// At most this many runs per page (default 50, at most [`MAX_PAGE`]).
+    ///
+    /// ```
+    /// let f = durastep::inspect::RunFilter::new().limit(200);
+    /// # let _ = f;
+    /// ```
+    pub fn limit(mut self, n: u32) -> Self {
+        self.limit = Some(n);
+        self
+    }
+
+    /// The page after the one that returned this cursor ([`RunPage::next`]).
+    ///
+    /// ```
+    /// # fn f(page: durastep::inspect::RunPage) {
+    /// if let Some(next) = page.next { let _f = durastep::inspect::RunFilter::new().after(next); }
+    /// # }
+    /// ```
+    pub fn after(mut self, cursor: Cursor) -> Self {
+        self.after = Some(cursor);
+        self
+    }
+
+    fn page_size(&self) -> Result<i64, Error> {
+        match self.limit.unwrap_or(50) {
+            0 => Err(Error::InvalidFilter("limit must be at least 1".into())),
+            n if n > MAX_PAGE => Err(Error::InvalidFilter(format!("limit {n} is over the maximum of {MAX_PAGE}"))),
+            n => Ok(i64::from(n)),
+        }
+    }
+
+    fn path(&self) -> Result<Option<Vec<String>>, Error> {
+        match &self.data {
+            None => Ok(None),
+            Some((pointer, _)) => crate::flow::parse_pointer(pointer)
+                .map(Some)
+                .map_err(|reason| Error::InvalidFilter(format!("bad key path {pointer:?}: {reason}"))),
+        }
+    }
+}
+
+/// One run in a listing.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+/// let page = engine.inspect().runs(&durastep::inspect::RunFilter::new()).await?;
+/// if let Some(r) = page.runs.first() { println!("{} {} {:?}", r.id, r.function_id, r.state); }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct RunSummary {
+    /// The run.
+    pub id: Uuid,
+    /// Its function.
+    pub function_id: String,
+    /// The event that started it.
+    pub event_id: Uuid,
+    /// That event's name.
+    pub event_name: String,
+    /// That event's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Its state.
+    pub state: RunState,
+    /// The current (or last) attempt.
+    pub attempt: i32,
+    /// Attempts allowed in all.
+    pub max_attempts: i32,
+    /// When it is (or was) next due.
+    pub run_at: DateTime<Utc>,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it finished.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The last failure.
+    pub last_error: Option<String>,
+}
+
+/// A page of runs.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+/// use durastep::inspect::RunFilter;
+/// let mut filter = RunFilter::new().limit(100);
+/// loop {
+///     let page = engine.inspect().runs(&filter).await?;
+///     println!("{} runs", page.runs.len());
+///     match page.next { Some(c) => filter = filter.after(c), None => break }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct RunPage {
+    /// The runs, newest first.
+    pub runs: Vec<RunSummary>,
+    /// The cursor of the next page, when there may be one.
+    #[serde(serialize_with = "ser_cursor")]
+    pub next: Option<Cursor>,
+}
+
+fn ser_cursor<S: serde::Serializer>(c: &Option<Cursor>, s: S) -> Result<S::Ok, S::Error> {
+    match c {
+        Some(c) => s.serialize_some(&c.to_string()),
+        None => s.serialize_none(),
+    }
+}
+
+/// A stored event.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+/// let detail = engine.inspect().run(id).await?;
+/// println!("started by {} with {}", detail.event.name, detail.event.data);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct StoredEvent {
+    /// The event's id.
+    pub id: Uuid,
+    /// Its name.
+    pub name: String,
+    /// Its data.
+    pub data: Value,
+    /// Its idempotency key.
+    pub idempotency_key: Option<String>,
+    /// When it was stored.
+    pub created_at: DateTime<Utc>,
+    /// How many runs it started.
+    pub runs: i64,
+}
+
+/// Which events to list. Newest first.
+///
+/// ```
+/// let f = durastep::inspect::EventFilter::new().name("campaign/budget.requested").limit(10);
+/// # let _ = f;
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct EventFilter {
+    name: Option<String>,
+    limit: Option<u32>,
+    after: Option<Cursor>,
+}
+
+impl EventFilter {
+    /// Every event.
+    ///
+    /// ```
+    /// let f = durastep::inspect::EventFilter::new();
+    /// # let _ = f;
+    /// ```
+    pub fn new() -> Self {
+        EventFilter::default()
+    }
+
+    /// Events of this name.
+    ///
+    /// ```
+    /// let f = durastep::inspect::EventFilter::new().name("deal/stage.changed");
+    /// # let _ = f;
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// At most this many per page (default 50, at most [`MAX_PAGE`]).
+    ///
+    /// ```
+    /// let f = durastep::inspect::EventFilter::new().limit(5);
+    /// # let _ = f;
+    /// ```
+    pub fn limit(mut self, n: u32) -> Self {
+        self.limit = Some(n);
+        self
+    }
+
+    /// The page after the one that returned this cursor.
+    ///
+    /// ```
+    /// # fn f(page: durastep::inspect::EventPage) {
+    /// if let Some(c) = page.next { let _ = durastep::inspect::EventFilter::new().after(c); }
+    /// # }
+    /// ```
+    pub fn after(mut self, cursor: Cursor) -> Self {
+        self.after = Some(cursor);
+        self
+    }
+}
+
+/// A page of events.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+/// let page = engine.inspect().events(&durastep::inspect::EventFilter::new()).await?;
+/// # let _ = page.events; Ok(()) }
+/// ```
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct EventPage {
+    /// The events, newest first.
+    pub events: Vec<StoredEvent>,
+    /// The cursor of the next page, when there may be one.
+    #[serde(serialize_with = "ser_cursor")]
+    pub next: Option<Cursor>,
+}
+
+/// One change of a run's state (or a new claim of it), oldest first.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+/// for h in engine.inspect().run(id).await?.history {
+///     println!("{} {:?} attempt {} {}", h.at, h.state, h.attempt, h.error.as_deref().unwrap_or(""));
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct HistoryEntry {
+    /// When, by the database clock.
+    pub at: DateTime<Utc>,
+    /// The state the run entered.
+    pub state: RunState,
+    /// The attempt it was then at.
+    pub attempt: i32,
+    /// The worker that claimed it (for `running`).
+    pub worker_id: Option<Uuid>,
+    /// The failure that ended an attempt here, if one did.
+    pub error: Option<String>,
+    /// The step that failed, when the attempt ended at a step.
+    pub step: Option<String>,
+}
+
+/// How one execution of a run (one claim) ended.
+///
+/// ```
+/// assert_ne!(durastep::inspect::AttemptOutcome::Completed, durastep::inspect::AttemptOutcome::Running);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum AttemptOutcome {
+    /// Still executing.
+    Running,
+    /// The handler returned: the run completed.
+    Completed,
+    /// It failed and the run will be retried.
+    Retried,
+    /// It failed and the run failed (out of attempts, or a permanent failure).
+    Failed,
+    /// The worker was lost (its lease expired) and the run was taken back.
+    LeaseLost,
+    /// Suspended in a durable sleep.
+    Slept,
+    /// Suspended waiting for an event or a child run.
+    Waited,
+    /// Cancelled (by a cancel, `cancel_on` or a timeout).
+    Cancelled,
+    /// Handed back by a worker shutting down; not counted as an attempt.
+    Released,
+}
+
+/// One execution of a run: from a claim to the next state change.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+/// for a in engine.inspect().run(id).await?.attempts {
+///     println!("attempt {} on {:?}: {:?} {}", a.attempt, a.worker_id, a.outcome, a.error.as_deref().unwrap_or(""));
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct AttemptRecord {
+    /// The attempt number (a wake-up after a sleep executes the same attempt again).
+    pub attempt: i32,
+    /// The worker that executed it.
+    pub worker_id: Option<Uuid>,
+    /// When it was claimed.
+    pub started_at: DateTime<Utc>,
+    /// When it ended (None while running).
+    pub ended_at: Option<DateTime<Utc>>,
+    /// How it ended.
+    pub outcome: AttemptOutcome,
+    /// Its failure.
+    pub error: Option<String>,
+    /// The step that failed.
+    pub failed_step: Option<String>,
+}
+
+/// Where a step stands.
+///
+/// ```
+/// assert_ne!(durastep::inspect::StepStatus::Completed, durastep::inspect::StepStatus::Failed);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum StepStatus {
+    /// Its result is stored.
+    Completed,
+    /// Its last execution failed and no result is stored.
+    Failed,
+}
+
+/// One step of a run's timeline.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+/// for s in engine.inspect().run(id).await?.steps {
+///     println!("{:<20} {:?} x{} {:?}", s.name, s.status, s.attempts, s.duration);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct StepRecord {
+    /// The step key (`name`, or `name#2` for a second call of the name).
+    pub name: String,
+    /// Stored or failed.
+    pub status: StepStatus,
+    /// Executions of it: failed ones plus the one that stored it.
+    pub attempts: i32,
+    /// The attempt that stored it (or that last failed at it).
+    pub attempt: Option<i32>,
+    /// When its (last) execution began, by the database clock; None for steps
+    /// stored by the database itself (waits, invokes) and for failures.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it ended (stored, or failed).
+    pub finished_at: Option<DateTime<Utc>>,
+    /// How long its body ran.
+    #[serde(serialize_with = "ser_duration")]
+    pub duration: Option<Duration>,
+    /// Its stored output (opened when the engine holds the key; sealed otherwise).
+    pub output: Option<Value>,
+    /// Its last failure.
+    pub error: Option<String>,
+}
+
+fn ser_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&d.as_secs_f64()),
+        None => s.serialize_none(),
+    }
+}
+
+/// Everything about one run.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+/// let d = engine.inspect().run(id).await?;
+/// println!("{} {:?}: {} steps, {} executions", d.run.function_id, d.run.state, d.steps.len(), d.attempts.len());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct RunDetail {
+    /// The run (its output opened when the engine holds the key).
+    #[serde(serialize_with = "ser_run")]
+    pub run: Run,
+    /// The event that started it.
+    pub event: StoredEvent,
+    /// Every state change, oldest first.
+    pub history: Vec<HistoryEntry>,
+    /// Every execution, oldest first.
+    pub attempts: Vec<AttemptRecord>,
+    /// The step timeline, in the order steps finished.
+    pub steps: Vec<StepRecord>,
+    /// What holds it, when it is not running and not finished.
+    pub blocker: Option<Blocker>,
+    /// Its child runs (`ctx.invoke`): id, function, state.
+    pub children: Vec<(Uuid, String, RunState)>,
+}
+
+fn ser_run<S: serde::Serializer>(r: &Run, s: S) -> Result<S::Ok, S::Error> {
+    serde_json::json!({
+        "id": r.id, "function_id": r.function_id, "event_id": r.event_id, "state": r.state,
+        "attempt": r.attempt, "max_attempts": r.max_attempts, "run_at": r.run_at,
+        "last_error": r.last_error, "cancel_reason": r.cancel_reason, "output": r.output,
+        "created_at": r.created_at, "finished_at": r.finished_at,
+    })
+    .serialize(s)
+}
+
+/// What holds a run that is not running (a row of `durastep.run_blockers`).
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+/// for b in engine.inspect().blockers(None, 20).await? {
+///     println!("{} waits on {:?} {:?} ({:?}/{:?})", b.run_id, b.kind, b.key, b.in_use, b.limit);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Blocker {
+    /// The run.
+    pub run_id: Uuid,
+    /// Its function.
+    pub function_id: String,
+    /// Its state (queued, sleeping, waiting).
+    pub state: RunState,
+    /// What holds it.
+    pub kind: BlockerKind,
+    /// The flow-control rule (or `debounce`), when one holds it.
+    pub rule: Option<String>,
+    /// The key of that rule.
+    pub key: Option<String>,
+    /// Concurrency: the slots of the key in use.
+    pub in_use: Option<i32>,
+    /// The rule's limit (slots, or starts per period).
+    pub limit: Option<i32>,
+    /// The earliest it can start (None: when a slot frees, or never by itself).
+    pub next_possible_start: Option<DateTime<Utc>>,
+    /// The event waited for, the child run, or the error behind a backoff.
+    pub detail: Option<String>,
+}
+
+/// The reasons a run is not running; see `durastep.run_blockers`.
+///
+/// ```
+/// assert_eq!(durastep::inspect::BlockerKind::Concurrency.as_str(), "concurrency");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum BlockerKind {
+    /// Every slot of its concurrency key is taken.
+    Concurrency,
+    /// Its throttle key has no start left this period.
+    Throttle,
+    /// Its rate limit key (it will be skipped at its turn if still over).
+    RateLimit,
+    /// Its key is paused after a Retry-After.
+    Backpressure,
+    /// Its debounce window has not closed.
+    Debounce,
+    /// A durable sleep.
+    Sleep,
+    /// Waiting for an event.
+    WaitForEvent,
+    /// Waiting for a child run.
+    Invoke,
+    /// A failed attempt's backoff.
+    RetryBackoff,
+    /// A delayed start.
+    Scheduled,
+    /// Due now, not yet claimed: are workers running that register its function?
+    Ready,
+}
+
+impl BlockerKind {
+    /// The name used by the view and the CLI.
+    ///
+    /// ```
+    /// assert_eq!(durastep::inspect::BlockerKind::WaitForEvent.as_str(), "wait_for_event");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockerKind::Concurrency => "concurrency",
+            BlockerKind::Throttle => "throttle",
+            BlockerKind::RateLimit => "rate_limit",
+            BlockerKind::Backpressure => "backpressure",
+            BlockerKind::Debounce => "debounce",
+            BlockerKind::Sleep => "sleep",
+            BlockerKind::WaitForEvent => "wait_for_event",
+            BlockerKind::Invoke => "invoke",
+            BlockerKind::RetryBackoff => "retry_backoff",
+            BlockerKind::Scheduled => "scheduled",
+            BlockerKind::Ready => "ready",
+        }
+    }
+
+    fn parse(s: &str) -> BlockerKind {
+        match s {
+            "concurrency" => BlockerKind::Concurrency,
+            "throttle" => BlockerKind::Throttle,
+            "rate_limit" => BlockerKind::RateLimit,
+            "backpressure" => BlockerKind::Backpressure,
+            "debounce" => BlockerKind::Debounce,
+            "sleep" => BlockerKind::Sleep,
+            "wait_for_event" => BlockerKind::WaitForEvent,
+            "invoke" => BlockerKind::Invoke,
+            "retry_backoff" => BlockerKind::RetryBackoff,
+            "scheduled" => BlockerKind::Scheduled,
+            _ => BlockerKind::Ready,
+        }
+    }
+}
+
+/// The answer to "why is this run not running?".
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+/// match engine.inspect().why(id).await? {
+///     durastep::inspect::Why::Blocked(b) => println!("held by {}", b.kind.as_str()),
+///     other => println!("{other:?}"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+#[non_exhaustive]
+pub enum Why {
+    /// It is running now.
+    Running {
+        /// Its attempt.
+        attempt: i32,
+        /// The worker holding it.
+        worker_id: Option<Uuid>,
+    },
+    /// It has finished and will not run again (unless replayed).
+    Finished {
+        /// How it finished.
+        state: RunState,
+        /// Its last error or cancel reason.
+        reason: Option<String>,
+    },
+    /// Something holds it.
+    Blocked(Blocker),
+}
+
+/// Runs of one function in one state.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+/// let failed: i64 = engine.inspect().counts().await?.iter()
+///     .filter(|c| c.state == durastep::RunState::Failed).map(|c| c.count).sum();
+/// # let _ = failed; Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct StateCount {
+    /// The function.
+    pub function_id: String,
+    /// The state.
+    pub state: RunState,
+    /// How many runs.
+    pub count: i64,
+}
+
+/// Runs created and finished in one minute.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+/// for m in engine.inspect().per_minute(std::time::Duration::from_secs(3600)).await? {
+///     println!("{} +{} ok {} failed {}", m.minute, m.created, m.completed, m.failed);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct MinuteCount {
+    /// The start of the minute (database clock).
+    pub minute: DateTime<Utc>,
+    /// Runs created in it.
+    pub created: i64,
+    /// Runs completed in it.
+    pub completed: i64,
+    /// Runs failed in it.
+    pub failed: i64,
+}
+
+/// A function as registered by some engine, with its schedule and rules.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+/// for f in engine.inspect().functions().await? {
+///     println!("{} on {:?} cron {:?} rules {:?}", f.id, f.triggers, f.cron, f.rules);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct FunctionInfo {
+    /// The function id.
+    pub id: String,
+    /// The event names that trigger it.
+    pub triggers: Vec<String>,
+    /// Attempts per run.
+    pub max_attempts: i32,
+    /// Its cron expression and time zone, when scheduled.
+    pub cron: Option<(String, String)>,
+    /// Its next cron fire time.
+    pub next_fire_at: Option<DateTime<Utc>>,
+    /// Its flow-control rules: (rule name, kind, limit, period in seconds, key pointer).
+    pub rules: Vec<(String, String, i64, f64, Option<String>)>,
+    /// When an engine last registered it.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Inspector {
+    pub(crate) fn new(pool: PgPool, keyring: Option<Arc<Keyring>>) -> Self {
+        Inspector { pool, keyring }
+    }
+
+    /// Lists runs matching `filter`, newest first, one page at a time.
+    ///
+    /// Errors: [`Error::InvalidFilter`] for a bad key path or page size.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let page = engine.inspect().runs(&durastep::inspect::RunFilter::new().limit(10)).await?;
+    /// # let _ = page; Ok(()) }
+    /// ```
+    pub async fn runs(&self, filter: &RunFilter) -> Result<RunPage, Error> {
+        let limit = filter.page_size()?;
+        let path = filter.path()?;
+        let states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
+        let q = sql::RunQuery {
+            function: filter.function.as_deref(),
+            states: &states,
+            created_after: filter.created_after,
+            created_before: filter.created_before,
+            event_name: filter.event_name.as_deref(),
+            idempotency_key: filter.idempotency_key.as_deref(),
+            data: path.as_deref().zip(filter.data.as_ref().map(|d| &d.1)),
+            before: filter.after.map(|c| (c.created_at, c.id)),
+            limit: limit + 1,
+        };
+        let mut rows = sql::list_runs(&self.pool, &q).await.map_err(from_sqlx)?;
+        let more = rows.len() as i64 > limit;
+        rows.truncate(limit as usize);
+        let runs: Vec<RunSummary> = rows
+            .into_iter()
+            .map(|r| RunSummary {
+                id: r.id,
+                function_id: r.function_id,
+                event_id: r.event_id,
+                event_name: r.event_name,
+                idempotency_key: r.idempotency_key,
+                state: RunState::parse(&r.state),
+                attempt: r.attempt,
+                max_attempts: r.max_attempts,
+                run_at: r.run_at,
+                created_at: r.created_at,
+                finished_at: r.finished_at,
+                last_error: r.last_error,
+            })
+            .collect();
+        let next = if more { runs.last().map(|r| Cursor { created_at: r.created_at, id: r.id }) } else { None };
+        Ok(RunPage { runs, next })
+    }
+
+    /// One run with its event, history, executions, step timeline, blocker and children.
+    ///
+    /// Errors: [`Error::UnknownRun`] when no run has the id.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+    /// let d = engine.inspect().run(id).await?;
+    /// # let _ = d; Ok(()) }
+    /// ```
+    pub async fn run(&self, id: Uuid) -> Result<RunDetail, Error> {
+        let row = store::load_run(&self.pool, id).await.map_err(from_sqlx)?.ok_or(Error::UnknownRun(id))?;
+        let mut run = Run::from(row);
+        if let Some(output) = run.output.take() {
+            run.output = Some(self.open(&codec::output_aad(id), output));
+        }
+        let (event, history, steps, children, blocker) = tokio::try_join!(
+            sql::load_event(&self.pool, run.event_id),
+            sql::load_history(&self.pool, id),
+            sql::load_steps(&self.pool, id),
+            sql::load_children(&self.pool, id),
+            sql::blockers(&self.pool, Some(id), None, 1),
+        )
+        .map_err(from_sqlx)?;
+        let event = event.map(event_of).ok_or(Error::UnknownRun(id))?;
+        let history: Vec<HistoryEntry> = history
+            .into_iter()
+            .map(|h| HistoryEntry {
+                at: h.at,
+                state: RunState::parse(&h.state),
+                attempt: h.attempt,
+                worker_id: h.worker_id,
+                error: h.error,
+                step: h.step,
+            })
+            .collect();
+        let attempts = attempts_of(&history);
+        let steps = self.timeline(id, steps, &history);
+        Ok(RunDetail {
+            run,
+            event,
+            history,
+            attempts,
+            steps,
+            blocker: blocker.into_iter().next().map(blocker_of),
+            children: children.into_iter().map(|(id, f, s)| (id, f, RunState::parse(&s))).collect(),
+        })
+    }
+
+    /// Why a run is not running: it is running, it has finished, or what holds it.
+    ///
+    /// Errors: [`Error::UnknownRun`].
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+    /// println!("{:?}", engine.inspect().why(id).await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn why(&self, id: Uuid) -> Result<Why, Error> {
+        let run = store::load_run(&self.pool, id).await.map_err(from_sqlx)?.ok_or(Error::UnknownRun(id))?;
+        let state = RunState::parse(&run.state);
+        if state.is_finished() {
+            let reason = match state {
+                RunState::Completed => None,
+                RunState::Cancelled => run.cancel_reason,
+                _ => run.last_error,
+            };
+            return Ok(Why::Finished { state, reason });
+        }
+        if state == RunState::Running {
+            let history = sql::load_history(&self.pool, id).await.map_err(from_sqlx)?;
+            let worker_id = history.iter().rev().find(|h| h.state == "running").and_then(|h| h.worker_id);
+            return Ok(Why::Running { attempt: run.attempt, worker_id });
+        }
+        let rows = sql::blockers(&self.pool, Some(id), None, 1).await.map_err(from_sqlx)?;
+        match rows.into_iter().next() {
+            Some(b) => Ok(Why::Blocked(blocker_of(b))),
+            // Changed state between the two reads: ask again.
+            None => Box::pin(self.why(id)).await,
+        }
+    }
+
+    /// What holds the runs that are not running (of one function, or all), the
+    /// longest-due first, at most `limit`.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let held = engine.inspect().blockers(Some("exact-invoice"), 50).await?;
+    /// # let _ = held; Ok(()) }
+    /// ```
+    pub async fn blockers(&self, function: Option<&str>, limit: u32) -> Result<Vec<Blocker>, Error> {
+        let limit = i64::from(limit.clamp(1, MAX_PAGE));
+        let rows = sql::blockers(&self.pool, None, function, limit).await.map_err(from_sqlx)?;
+        Ok(rows.into_iter().map(blocker_of).collect())
+    }
+
+    /// Runs per function and state.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let counts = engine.inspect().counts().await?;
+    /// # let _ = counts; Ok(()) }
+    /// ```
+    pub async fn counts(&self) -> Result<Vec<StateCount>, Error> {
+        let rows = sql::counts(&self.pool).await.map_err(from_sqlx)?;
+        Ok(rows
+            .into_iter()
+            .map(|(function_id, state, count)| StateCount { function_id, state: RunState::parse(&state), count })
+            .collect())
+    }
+
+    /// Runs created, completed and failed per minute over the last `window`
+    /// (minutes with none are left out).
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let last_hour = engine.inspect().per_minute(std::time::Duration::from_secs(3600)).await?;
+    /// # let _ = last_hour; Ok(()) }
+    /// ```
+    pub async fn per_minute(&self, window: Duration) -> Result<Vec<MinuteCount>, Error> {
+        let rows = sql::per_minute(&self.pool, window).await.map_err(from_sqlx)?;
+        Ok(rows
+            .into_iter()
+            .map(|(minute, created, completed, failed)| MinuteCount { minute, created, completed, failed })
+            .collect())
+    }
+
+    /// Lists stored events, newest first.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let page = engine.inspect().events(&durastep::inspect::EventFilter::new().name("order/placed")).await?;
+    /// # let _ = page; Ok(()) }
+    /// ```
+    pub async fn events(&self, filter: &EventFilter) -> Result<EventPage, Error> {
+        let limit = match filter.limit.unwrap_or(50) {
+            0 => return Err(Error::InvalidFilter("limit must be at least 1".into())),
+            n if n > MAX_PAGE => {
+                return Err(Error::InvalidFilter(format!("limit {n} is over the maximum of {MAX_PAGE}")));
+            }
+            n => i64::from(n),
+        };
+        let before = filter.after.map(|c| (c.created_at, c.id));
+        let mut rows =
+            sql::list_events(&self.pool, filter.name.as_deref(), before, limit + 1).await.map_err(from_sqlx)?;
+        let more = rows.len() as i64 > limit;
+        rows.truncate(limit as usize);
+        let events: Vec<StoredEvent> = rows.into_iter().map(event_of).collect();
+        let next = if more { events.last().map(|e| Cursor { created_at: e.created_at, id: e.id }) } else { None };
+        Ok(EventPage { events, next })
+    }
+
+    /// Every function that some engine registered.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let functions = engine.inspect().functions().await?;
+    /// # let _ = functions; Ok(()) }
+    /// ```
+    pub async fn functions(&self) -> Result<Vec<FunctionInfo>, Error> {
+        let rows = sql::functions(&self.pool).await.map_err(from_sqlx)?;
+        Ok(rows
+            .into_iter()
+            .map(|f| FunctionInfo {
+                rules: serde_json::from_value(f.rules).unwrap_or_default(),
+                id: f.id,
+                triggers: f.triggers,
+                max_attempts: f.max_attempts,
+                cron: f.cron.zip(f.tz),
+                next_fire_at: f.next_fire_at,
+                updated_at: f.updated_at,
+            })
+            .collect())
+    }
+
+    fn open(&self, aad: &str, value: Value) -> Value {
+        match self.keyring.as_deref() {
+            Some(k) => k.open(aad, value.clone()).unwrap_or(value),
+            None => value,
+        }
+    }
+
+    /// The step timeline: stored steps, then steps that failed and never stored.
+    fn timeline(&self, run_id: Uuid, steps: Vec<sql::StepRow>, history: &[HistoryEntry]) -> Vec<StepRecord> {
+        fn failures<'h>(history: &'h [HistoryEntry], name: &'h str) -> impl Iterator<Item = &'h HistoryEntry> {
+            history.iter().filter(move |h| h.step.as_deref() == Some(name))
+        }
+        let mut out: Vec<StepRecord> = steps
+            .into_iter()
+            .map(|s| {
+                let failed = failures(history, &s.step_key).count() as i32;
+                let finished_at = s.finished_at.or(Some(s.stored_at));
+                let duration = s.started_at.zip(s.finished_at).and_then(|(a, b)| (b - a).to_std().ok());
+                StepRecord {
+                    attempts: failed + 1,
+                    attempt: s.attempt,
+                    status: StepStatus::Completed,
+                    started_at: s.started_at,
+                    finished_at,
+                    duration,
+                    output: Some(self.open(&codec::step_aad(run_id, &s.step_key), s.output)),
+                    error: None,
+                    name: s.step_key,
+                }
+            })
+            .collect();
+        for h in history {
+            let Some(step) = &h.step else { continue };
+            if out.iter().any(|s| &s.name == step) {
+                continue;
+            }
+            let all: Vec<&HistoryEntry> = failures(history, step).collect();
+            let last = all.last().copied().unwrap_or(h);
+            out.push(StepRecord {
+                name: step.clone(),
+                status: StepStatus::Failed,
+                attempts: all.len() as i32,
+                attempt: Some(last.attempt),
+                started_at: None,
+                finished_at: Some(last.at),
+                duration: None,
+                output: None,
+                error: last.error.clone(),
+            });
+        }
+        out
+    }
+}
+
+fn event_of(e: sql::EventRow) -> StoredEvent {
+    StoredEvent {
+        id: e.id,
+        name: e.name,
+        data: e.payload,
+        idempotency_key: e.idempotency_key,
+        created_at: e.created_at,
+        runs: e.runs,
+    }
+}
+
+fn blocker_of(b: sql::BlockerRow) -> Blocker {
+    Blocker {
+        run_id: b.run_id,
+        function_id: b.function_id,
+        state: RunState::parse(&b.state),
+        kind: BlockerKind::parse(&b.blocker),
+        rule: b.rule,
+        key: b.key,
+        in_use: b.in_use,
+        limit: b.limit,
+        next_possible_start: b.next_possible_start,
+        detail: b.detail,
+    }
+}
+
+/// Executions from the history: each claim (`running`) to the next entry.
+fn attempts_of(history: &[HistoryEntry]) -> Vec<AttemptRecord> {
+    let mut out = Vec::new();
+    for (i, h) in history.iter().enumerate() {
+        if h.state != RunState::Running {
+            continue;
+        }
+        let end = history.get(i + 1);
+        let outcome = match end {
+            None => AttemptOutcome::Running,
+            Some(e) => match e.state {
+                RunState::Completed => AttemptOutcome::Completed,
+                RunState::Failed => AttemptOutcome::Failed,
+                RunState::Sleeping => AttemptOutcome::Slept,
+                RunState::Waiting => AttemptOutcome::Waited,
+                RunState::Cancelled | RunState::Skipped => AttemptOutcome::Cancelled,
+                RunState::Queued if e.error.as_deref().is_some_and(|m| m.starts_with("lease expired")) => {
+                    AttemptOutcome::LeaseLost
+                }
+                RunState::Queued if e.error.is_some() => AttemptOutcome::Retried,
+                RunState::Queued => AttemptOutcome::Released,
+                // A new claim straight after (the lease was taken over).
+                _ => AttemptOutcome::LeaseLost,
+            },
+        };
+        out.push(AttemptRecord {
+            attempt: h.attempt,
+            worker_id: h.worker_id,
+            started_at: h.at,
+            ended_at: end.map(|e| e.at),
+            outcome,
+            error: end.and_then(|e| e.error.clone()),
+            failed_step: end.and_then(|e| e.step.clone()),
+        });
+    }
+    out
+}
+
+/// Where a replay starts.
+///
+/// ```
+/// assert_ne!(durastep::ReplayFrom::FailedStep, durastep::ReplayFrom::Start);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReplayFrom {
+    /// Keep the finished steps: they replay their stored results, and execution
+    /// resumes at the step that failed.
+    FailedStep,
+    /// Discard the stored step results: every step runs again.
+    Start,
+}
+
+/// What [`Engine::prune`] removed.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+/// let r = engine.prune(std::time::Duration::from_secs(30 * 86_400)).await?;
+/// println!("pruned {} runs and {} events in {} batches", r.runs, r.events, r.batches);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct PruneReport {
+    /// Finished runs deleted (with their steps and history).
+    pub runs: u64,
+    /// Events deleted (no run referenced them any more).
+    pub events: u64,
+    /// Idle flow-control key rows deleted.
+    pub flow_keys: u64,
+    /// Transactions it took.
+    pub batches: u64,
+}
+
+/// Rows per pruning transaction: small, so no lock is held for long.
+pub(crate) const PRUNE_BATCH: i64 = 500;
+
+impl Engine {
+    /// The inspection API: reads runs, events, functions and blockers.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let inspector = engine.inspect();
+    /// let counts = inspector.counts().await?;
+    /// # let _ = counts; Ok(()) }
+    /// ```
+    pub fn inspect(&self) -> Inspector {
+        Inspector::new(self.pool().clone(), self.keyring())
+    }
+
+    /// Re-runs a failed or cancelled run: it is queued again, due now, with a
+    /// fresh set of attempts (its function's retries, counted from its current
+    /// attempt). With [`ReplayFrom::FailedStep`] its finished steps are kept and
+    /// return their stored results, so execution resumes at the step that
+    /// failed; with [`ReplayFrom::Start`] its stored step results are deleted
+    /// (in the same transaction) and every step runs again. Its on-failure
+    /// handler, if it had one, is not run a second time should it fail again.
+    ///
+    /// Errors: [`Error::UnknownRun`]; [`Error::NotReplayable`] for a run that is
+    /// not failed or cancelled (left as it was), or whose singleton key has
+    /// another active run.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+    /// let run = engine.replay(id, durastep::ReplayFrom::FailedStep).await?;
+    /// assert_eq!(run.state, durastep::RunState::Queued);
+    /// # Ok(()) }
+    /// ```
+    pub async fn replay(&self, run_id: Uuid, from: ReplayFrom) -> Result<Run, Error> {
+        let outcome = sql::replay(self.pool(), &[run_id], from == ReplayFrom::Start)
+            .await
+            .map_err(|e| replay_error(e, run_id))?;
+        match outcome.into_iter().next().and_then(|(_, o)| o) {
+            None => Err(Error::UnknownRun(run_id)),
+            Some(sql::ReplayOutcome::NotReplayable(state)) => Err(Error::NotReplayable {
+                run_id,
+                reason: format!("it is {state}; only failed or cancelled runs can be replayed"),
+            }),
+            Some(sql::ReplayOutcome::Replayed) => self.run(run_id).await,
+        }
+    }
+
+    /// Replays every run matching `filter` (all pages; the filter's limit and
+    /// cursor are ignored) that is failed or cancelled; with no state in the
+    /// filter, every failed one. Returns the ids of the runs queued again, in
+    /// the order they were created. Runs are replayed in transactions of up to
+    /// 500.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// use durastep::{RunState, ReplayFrom, inspect::RunFilter};
+    /// let filter = RunFilter::new().function("post-to-channel").state(RunState::Failed);
+    /// let ids = engine.replay_many(&filter, ReplayFrom::FailedStep).await?;
+    /// println!("{} runs queued again", ids.len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn replay_many(&self, filter: &RunFilter, from: ReplayFrom) -> Result<Vec<Uuid>, Error> {
+        let path = filter.path()?;
+        let mut states: Vec<&str> = filter
+            .states
+            .iter()
+            .filter(|s| matches!(s, RunState::Failed | RunState::Cancelled))
+            .map(|s| s.as_str())
+            .collect();
+        if filter.states.is_empty() {
+            states.push(RunState::Failed.as_str());
+        } else if states.is_empty() {
+            return Ok(Vec::new());
+        }
+        let q = sql::RunQuery {
+            function: filter.function.as_deref(),
+            states: &states,
+            created_after: filter.created_after,
+            created_before: filter.created_before,
+            event_name: filter.event_name.as_deref(),
+            idempotency_key: filter.idempotency_key.as_deref(),
+            data: path.as_deref().zip(filter.data.as_ref().map(|d| &d.1)),
+            before: None,
+            limit: PRUNE_BATCH,
+        };
+        let mut replayed = Vec::new();
+        loop {
+            let ids = sql::matching_run_ids(self.pool(), &q).await.map_err(from_sqlx)?;
+            if ids.is_empty() {
+                return Ok(replayed);
+            }
+            let first = ids[0];
+            let outcome =
+                sql::replay(self.pool(), &ids, from == ReplayFrom::Start).await.map_err(|e| replay_error(e, first))?;
+            let before = replayed.len();
+            replayed.extend(
+                outcome.into_iter().filter(|(_, o)| matches!(o, Some(sql::ReplayOutcome::Replayed))).map(|(id, _)| id),
+            );
+            // Runs that changed state meanwhile no longer match; none replayed: done.
+            if replayed.len() == before {
+                return Ok(replayed);
+            }
+        }
+    }
+
+    /// Deletes finished runs (completed, failed, cancelled, skipped) that
+    /// finished more than `older_than` ago, with their step results, history
+    /// and events (an event goes when no run references it any more), plus
+    /// events older than that which started no run, and idle flow-control key
+    /// rows. Works in transactions of 500 rows that skip rows others hold, so
+    /// it never waits on a worker and holds no lock for long; repeats until a
+    /// batch finds nothing. An idempotency key is forgotten when its event is
+    /// pruned. Workers can do this on their own: [`crate::WorkerOptions::retention`].
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let report = engine.prune(std::time::Duration::from_secs(14 * 86_400)).await?;
+    /// # let _ = report; Ok(()) }
+    /// ```
+    pub async fn prune(&self, older_than: Duration) -> Result<PruneReport, Error> {
+        prune_all(self.pool(), older_than, u64::MAX).await
+    }
+}
+
+/// Prunes in batches until one finds nothing or `max_batches` ran.
+pub(crate) async fn prune_all(pool: &PgPool, older_than: Duration, max_batches: u64) -> Result<PruneReport, Error> {
+    let mut report = PruneReport::default();
+    while report.batches < max_batches {
+        let p = sql::prune_batch(pool, older_than, PRUNE_BATCH).await.map_err(from_sqlx)?;
+        report.batches += 1;
+        report.runs += p.runs;
+        report.events += p.events;
+        report.flow_keys += p.flow_keys;
+        if p.runs == 0 && p.events == 0 && p.flow_keys < PRUNE_BATCH as u64 {
+            break;
+        }
+    }
+    Ok(report)
+}
+
+fn replay_error(e: sqlx::Error, run_id: Uuid) -> Error {
+    if let sqlx::Error::Database(db) = &e
+        && db.constraint() == Some("runs_singleton")
+    {
+        return Error::NotReplayable {
+            run_id,
+            reason: "another run with its singleton key is active; cancel or finish it first".into(),
+        };
+    }
+    from_sqlx(e)
+}

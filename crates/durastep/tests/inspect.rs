@@ -1,0 +1,381 @@
+//! The inspection API: run detail (history, executions, step timeline),
+//! listings with filters and pagination, counts, blockers ("why is it not
+//! running"), replay (from the failed step, from the start, in bulk) and pruning.
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use durastep::inspect::{AttemptOutcome, BlockerKind, EventFilter, RunFilter, StepStatus, Why};
+use durastep::{
+    Backoff, Ctx, Engine, Error, Event, EventMatch, Function, HandlerError, ReplayFrom, RunState, WorkerOptions,
+};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+fn bump(n: &AtomicU32) -> u32 {
+    n.fetch_add(1, Ordering::SeqCst) + 1
+}
+
+/// A function with steps `fetch` and `push`; `push` fails while `fail_push` says so.
+fn two_steps(id: &str, fetches: Arc<AtomicU32>, pushes: Arc<AtomicU32>, failing: Arc<AtomicU32>) -> Function {
+    Function::new(id).on_event(format!("{id}/go")).retries(2).backoff(Backoff::Fixed(Duration::from_secs(10))).handler(
+        move |ctx: Ctx, _: Value| {
+            let (fetches, pushes, failing) = (fetches.clone(), pushes.clone(), failing.clone());
+            async move {
+                let token: String = ctx
+                    .step("fetch", || async {
+                        bump(&fetches);
+                        Ok("tok".to_owned())
+                    })
+                    .await?;
+                ctx.step("push", || async {
+                    let n = bump(&pushes);
+                    if failing.load(Ordering::SeqCst) >= n {
+                        return Err(HandlerError::new(format!("503 number {n}")));
+                    }
+                    Ok(format!("pushed with {token}"))
+                })
+                .await
+            }
+        },
+    )
+}
+
+/// Catches: a history that misses a transition, executions that do not pair
+/// claims with their ends, or a step timeline that loses the failed attempt.
+#[sqlx::test(migrations = false)]
+async fn run_detail_shows_history_executions_and_step_timeline(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let (fetches, pushes, failing) = (Arc::default(), Arc::default(), Arc::new(AtomicU32::new(1)));
+    let engine = common::engine(&opts, vec![two_steps("detail", fetches, pushes, failing)]).await;
+    let id = engine.send(Event::new("detail/go", &json!({"account": "a1"}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    common::wait_for_run_where(&engine, id, "attempt 2 queued", |r| r.attempt == 2 && r.state == RunState::Queued)
+        .await;
+    durastep::testing::advance_clock(&engine, Duration::from_secs(11)).await.unwrap();
+    let run = common::finished(&engine, id).await;
+    assert_eq!(run.state, RunState::Completed);
+    w.stop().await;
+
+    let d = engine.inspect().run(id).await.unwrap();
+    assert_eq!(d.event.name, "detail/go");
+    assert_eq!(d.event.data, json!({"account": "a1"}));
+    let states: Vec<RunState> = d.history.iter().map(|h| h.state).collect();
+    assert_eq!(states, [RunState::Running, RunState::Queued, RunState::Running, RunState::Completed]);
+    assert_eq!(d.history[1].error.as_deref(), Some("step push: 503 number 1"));
+    assert_eq!(d.history[1].step.as_deref(), Some("push"));
+    assert!(d.history[0].worker_id.is_some());
+    let outcomes: Vec<AttemptOutcome> = d.attempts.iter().map(|a| a.outcome).collect();
+    assert_eq!(outcomes, [AttemptOutcome::Retried, AttemptOutcome::Completed]);
+    assert_eq!((d.attempts[0].attempt, d.attempts[1].attempt), (1, 2));
+    assert_eq!(d.attempts[0].failed_step.as_deref(), Some("push"));
+    assert!(d.attempts[1].started_at >= d.attempts[0].ended_at.unwrap() + chrono::Duration::seconds(10));
+
+    let names: Vec<&str> = d.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["fetch", "push"]);
+    let (fetch, push) = (&d.steps[0], &d.steps[1]);
+    assert_eq!((fetch.status, fetch.attempts, fetch.attempt), (StepStatus::Completed, 1, Some(1)));
+    assert_eq!((push.status, push.attempts, push.attempt), (StepStatus::Completed, 2, Some(2)));
+    assert_eq!(push.output, Some(json!("pushed with tok")));
+    assert!(fetch.started_at.is_some() && fetch.duration.is_some());
+    assert!(push.started_at.unwrap() >= fetch.finished_at.unwrap());
+    assert!(d.blocker.is_none());
+    assert_eq!(engine.inspect().why(id).await.unwrap(), Why::Finished { state: RunState::Completed, reason: None });
+}
+
+/// Catches: a replay that re-runs finished steps (FailedStep), one that keeps
+/// them (Start), a replay of a run that is not dead, or a bad id accepted.
+#[sqlx::test(migrations = false)]
+async fn replay_resumes_at_the_failed_step_or_from_the_start(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let (fetches, pushes) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let failing = Arc::new(AtomicU32::new(u32::MAX));
+    let f = two_steps("replayed", fetches.clone(), pushes.clone(), failing.clone());
+    let engine = common::engine(&opts, vec![f]).await;
+    let id = engine.send(Event::new("replayed/go", &json!({}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    for attempt in 2..=3 {
+        common::wait_for_run_where(&engine, id, "next attempt", |r| {
+            r.attempt == attempt && r.state == RunState::Queued
+        })
+        .await;
+        durastep::testing::advance_clock(&engine, Duration::from_secs(11)).await.unwrap();
+    }
+    let dead = common::finished(&engine, id).await;
+    assert_eq!((dead.state, dead.attempt), (RunState::Failed, 3));
+    let d = engine.inspect().run(id).await.unwrap();
+    let push = d.steps.iter().find(|s| s.name == "push").unwrap();
+    assert_eq!((push.status, push.attempts), (StepStatus::Failed, 3));
+    assert_eq!(push.error.as_deref(), Some("step push: 503 number 3"));
+    assert_eq!(d.attempts.last().unwrap().outcome, AttemptOutcome::Failed);
+
+    // Fixed: replay from the failed step. `fetch` is not executed again.
+    failing.store(0, Ordering::SeqCst);
+    let queued = engine.replay(id, ReplayFrom::FailedStep).await.unwrap();
+    assert_eq!((queued.state, queued.attempt, queued.max_attempts), (RunState::Queued, 4, 6));
+    let run = common::finished(&engine, id).await;
+    assert_eq!(run.state, RunState::Completed);
+    assert_eq!((fetches.load(Ordering::SeqCst), pushes.load(Ordering::SeqCst)), (1, 4));
+
+    // Not dead: refused, left as it was.
+    let err = engine.replay(id, ReplayFrom::FailedStep).await.unwrap_err();
+    assert!(matches!(err, Error::NotReplayable { run_id, .. } if run_id == id), "{err}");
+    assert_eq!(engine.run(id).await.unwrap().state, RunState::Completed);
+    let unknown = uuid::Uuid::new_v4();
+    assert!(matches!(engine.replay(unknown, ReplayFrom::Start).await, Err(Error::UnknownRun(u)) if u == unknown));
+
+    // From the start: a cancelled run re-runs every step.
+    let id2 = engine.send(Event::new("replayed/go", &json!({}))).await.unwrap().run_ids[0];
+    common::finished(&engine, id2).await;
+    let (f0, p0) = (fetches.load(Ordering::SeqCst), pushes.load(Ordering::SeqCst));
+    sqlx::query("UPDATE durastep.runs SET state = 'cancelled' WHERE id = $1")
+        .bind(id2)
+        .execute(engine.pool())
+        .await
+        .unwrap();
+    engine.replay(id2, ReplayFrom::Start).await.unwrap();
+    assert_eq!(common::finished(&engine, id2).await.state, RunState::Completed);
+    assert_eq!((fetches.load(Ordering::SeqCst), pushes.load(Ordering::SeqCst)), (f0 + 1, p0 + 1));
+    w.stop().await;
+}
+
+/// Catches: a bulk replay that misses runs past the first batch, touches
+/// another function's or a live run, or replays a run twice.
+#[sqlx::test(migrations = false)]
+async fn replay_many_requeues_exactly_the_matching_dead_runs(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let dead = |id: &str| {
+        Function::new(id).on_event("go").retries(0).handler(|_: Ctx, _: Value| async move {
+            Err::<(), _>(HandlerError::permanent("channel #plaatsingen-2026 not found"))
+        })
+    };
+    let engine = common::engine(&opts, vec![dead("post"), dead("other")]).await;
+    let events: Vec<Event> = (0..620).map(|i| Event::new("go", &json!({"i": i}))).collect();
+    engine.send_batch(events).await.unwrap();
+    let w = common::spawn_worker(&engine);
+    common::wait_until("all 1,240 runs failed", || async {
+        common::count(&engine, "durastep.runs WHERE state = 'failed'").await == 1240
+    })
+    .await;
+    w.stop().await;
+    let filter = RunFilter::new().function("post").state(RunState::Failed);
+    let ids = engine.replay_many(&filter, ReplayFrom::FailedStep).await.unwrap();
+    assert_eq!(ids.len(), 620);
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 620);
+    assert_eq!(common::count(&engine, "durastep.runs WHERE function_id = 'post' AND state = 'queued'").await, 620);
+    assert_eq!(common::count(&engine, "durastep.runs WHERE function_id = 'other' AND state = 'failed'").await, 620);
+    // Nothing left to replay: a second call queues nothing.
+    assert!(engine.replay_many(&filter, ReplayFrom::FailedStep).await.unwrap().is_empty());
+    // A filter naming only live states replays nothing.
+    let live = RunFilter::new().state(RunState::Queued);
+    assert!(engine.replay_many(&live, ReplayFrom::FailedStep).await.unwrap().is_empty());
+}
+
+/// Catches: pages that overlap or skip rows, filters that are ignored, and bad
+/// input accepted instead of a typed error.
+#[sqlx::test(migrations = false)]
+async fn listings_paginate_and_filter(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let noop = Function::new("listed").on_event("listed/go").handler(|_: Ctx, _: Value| async move { Ok(()) });
+    let engine = common::engine(&opts, vec![noop]).await;
+    let events: Vec<Event> = (0..120)
+        .map(|i| Event::new("listed/go", &json!({"account": format!("a{}", i % 4)})).idempotency_key(format!("k{i}")))
+        .collect();
+    engine.send_batch(events).await.unwrap();
+
+    let mut seen = Vec::new();
+    let mut filter = RunFilter::new().function("listed").limit(50);
+    let mut pages = 0;
+    loop {
+        let page = engine.inspect().runs(&filter).await.unwrap();
+        pages += 1;
+        seen.extend(page.runs.iter().map(|r| (r.created_at, r.id)));
+        match page.next {
+            Some(c) => filter = filter.after(c.to_string().parse().unwrap()),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(seen.len(), 120);
+    assert_eq!(seen.iter().collect::<HashSet<_>>().len(), 120);
+    assert!(seen.windows(2).all(|w| w[0] > w[1]), "newest first, strictly");
+
+    let a1 = engine.inspect().runs(&RunFilter::new().data("/account", "a1").limit(100)).await.unwrap();
+    assert_eq!(a1.runs.len(), 30);
+    let k7 = engine.inspect().runs(&RunFilter::new().idempotency_key("k7")).await.unwrap();
+    assert_eq!(k7.runs.len(), 1);
+    assert_eq!(k7.runs[0].idempotency_key.as_deref(), Some("k7"));
+    let none = engine.inspect().runs(&RunFilter::new().state(RunState::Failed)).await.unwrap();
+    assert!(none.runs.is_empty() && none.next.is_none());
+    let future = chrono::Utc::now() + chrono::Duration::days(1);
+    assert!(engine.inspect().runs(&RunFilter::new().created_after(future)).await.unwrap().runs.is_empty());
+    assert_eq!(
+        engine.inspect().runs(&RunFilter::new().created_before(future).limit(1000)).await.unwrap().runs.len(),
+        120
+    );
+
+    for bad in [RunFilter::new().data("account", "a1"), RunFilter::new().limit(0), RunFilter::new().limit(5000)] {
+        assert!(matches!(engine.inspect().runs(&bad).await, Err(Error::InvalidFilter(_))));
+    }
+    assert!(matches!("12_nope".parse::<durastep::inspect::Cursor>(), Err(Error::InvalidFilter(_))));
+
+    let counts = engine.inspect().counts().await.unwrap();
+    assert_eq!(counts.len(), 1);
+    assert_eq!((counts[0].function_id.as_str(), counts[0].state, counts[0].count), ("listed", RunState::Queued, 120));
+    let minutes = engine.inspect().per_minute(Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(minutes.iter().map(|m| m.created).sum::<i64>(), 120);
+    let events = engine.inspect().events(&EventFilter::new().name("listed/go").limit(1000)).await.unwrap();
+    assert_eq!(events.events.len(), 120);
+    assert!(events.events.iter().all(|e| e.runs == 1));
+    let functions = engine.inspect().functions().await.unwrap();
+    assert_eq!(functions.iter().map(|f| f.id.as_str()).collect::<Vec<_>>(), ["listed"]);
+    assert_eq!(functions[0].triggers, ["listed/go"]);
+}
+
+/// Catches: a blocker view that names the wrong reason (or none) for a run
+/// that is held by concurrency, a sleep, a wait, a backoff, a delayed start,
+/// or that is simply waiting for a worker.
+#[sqlx::test(migrations = false)]
+async fn blockers_name_what_holds_each_run(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let gate = common::Gate::new();
+    let g = gate.clone();
+    let capped = Function::new("capped").on_event("capped/go").concurrency(1, Some("/account")).handler(
+        move |_: Ctx, _: Value| {
+            let g = g.clone();
+            async move {
+                g.wait().await;
+                Ok(())
+            }
+        },
+    );
+    let sleeper = Function::new("sleeper").on_event("sleeper/go").handler(|ctx: Ctx, _: Value| async move {
+        ctx.sleep("nap", Duration::from_secs(3600)).await?;
+        Ok(())
+    });
+    let waiter = Function::new("waiter").on_event("waiter/go").handler(|ctx: Ctx, _: Value| async move {
+        let _: Option<Value> =
+            ctx.wait_for_event("approval", "approval/given", EventMatch::any(), Duration::from_secs(60)).await?;
+        Ok(())
+    });
+    let flaky = Function::new("flaky")
+        .on_event("flaky/go")
+        .backoff(Backoff::Fixed(Duration::from_secs(300)))
+        .handler(|_: Ctx, _: Value| async move { Err::<(), _>(HandlerError::new("429 from LinkedIn")) });
+    let engine = common::engine(&opts, vec![capped, sleeper, waiter, flaky]).await;
+    let first = engine.send(Event::new("capped/go", &json!({"account": "acme"}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    common::wait_for_run_where(&engine, first, "first running", |r| r.state == RunState::Running).await;
+    let second = engine.send(Event::new("capped/go", &json!({"account": "acme"}))).await.unwrap().run_ids[0];
+    let sleeping = engine.send(Event::new("sleeper/go", &json!({}))).await.unwrap().run_ids[0];
+    let waiting = engine.send(Event::new("waiter/go", &json!({}))).await.unwrap().run_ids[0];
+    let backing = engine.send(Event::new("flaky/go", &json!({}))).await.unwrap().run_ids[0];
+    let later = engine
+        .send(Event::new("sleeper/go", &json!({})).start_at(chrono::Utc::now() + chrono::Duration::hours(2)))
+        .await
+        .unwrap()
+        .run_ids[0];
+    common::wait_for_run_where(&engine, second, "second parked", |r| r.flow_wait.is_some()).await;
+    common::wait_for_run_where(&engine, sleeping, "sleeping", |r| r.state == RunState::Sleeping).await;
+    common::wait_for_run_where(&engine, waiting, "waiting", |r| r.state == RunState::Waiting).await;
+    common::wait_for_run_where(&engine, backing, "backing off", |r| r.attempt == 2).await;
+
+    let why = |id| {
+        let engine = engine.clone();
+        async move {
+            match engine.inspect().why(id).await.unwrap() {
+                Why::Blocked(b) => b,
+                other => panic!("{id} not blocked: {other:?}"),
+            }
+        }
+    };
+    let b = why(second).await;
+    assert_eq!(b.kind, BlockerKind::Concurrency);
+    assert_eq!((b.key.as_deref(), b.in_use, b.limit), (Some("acme"), Some(1), Some(1)));
+    assert!(b.next_possible_start.is_none());
+    let b = why(sleeping).await;
+    assert_eq!(b.kind, BlockerKind::Sleep);
+    assert!(b.next_possible_start.unwrap() > chrono::Utc::now() + chrono::Duration::minutes(59));
+    let b = why(waiting).await;
+    assert_eq!((b.kind, b.detail.as_deref()), (BlockerKind::WaitForEvent, Some("approval/given")));
+    let b = why(backing).await;
+    assert_eq!((b.kind, b.detail.as_deref()), (BlockerKind::RetryBackoff, Some("429 from LinkedIn")));
+    assert_eq!(why(later).await.kind, BlockerKind::Scheduled);
+    assert!(matches!(engine.inspect().why(first).await.unwrap(), Why::Running { attempt: 1, worker_id: Some(_) }));
+    let all = engine.inspect().blockers(None, 100).await.unwrap();
+    assert_eq!(all.len(), 5);
+    assert_eq!(engine.inspect().blockers(Some("capped"), 100).await.unwrap().len(), 1);
+
+    // No worker for it: ready, and says so.
+    w.stop().await;
+    let idle = engine.send(Event::new("sleeper/go", &json!({}))).await.unwrap().run_ids[0];
+    assert_eq!(why(idle).await.kind, BlockerKind::Ready);
+    gate.open();
+}
+
+/// Catches: pruning that deletes unfinished or recent runs, leaves steps,
+/// history or events behind, or stops after one batch.
+#[sqlx::test(migrations = false)]
+async fn prune_deletes_old_finished_runs_with_everything_they_own(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let done = Function::new("done").on_event("done/go").handler(|ctx: Ctx, _: Value| async move {
+        ctx.step("one", || async { Ok(1) }).await?;
+        Ok(())
+    });
+    let sleeper = Function::new("napper").on_event("napper/go").handler(|ctx: Ctx, _: Value| async move {
+        ctx.sleep("long", Duration::from_secs(30 * 86_400)).await?;
+        Ok(())
+    });
+    let engine = common::engine(&opts, vec![done, sleeper]).await;
+    engine.send_batch((0..1200).map(|i| Event::new("done/go", &json!({"i": i}))).collect()).await.unwrap();
+    let napping = engine.send(Event::new("napper/go", &json!({}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    common::wait_until("1,200 completed", || async {
+        common::count(&engine, "durastep.runs WHERE state = 'completed'").await == 1200
+    })
+    .await;
+    common::wait_for_run_where(&engine, napping, "sleeping", |r| r.state == RunState::Sleeping).await;
+    w.stop().await;
+    durastep::testing::advance_clock(&engine, Duration::from_secs(2 * 86_400)).await.unwrap();
+    let fresh = engine.send(Event::new("done/go", &json!({"fresh": true}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    common::finished(&engine, fresh).await;
+    w.stop().await;
+
+    let report = engine.prune(Duration::from_secs(86_400)).await.unwrap();
+    assert_eq!((report.runs, report.events), (1200, 1200));
+    assert!(report.batches >= 3, "1,200 runs in batches of 500: {report:?}");
+    assert_eq!(common::count(&engine, "durastep.runs").await, 2);
+    assert_eq!(common::count(&engine, "durastep.events").await, 2);
+    assert_eq!(
+        common::count(&engine, "durastep.step_results WHERE run_id NOT IN (SELECT id FROM durastep.runs)").await,
+        0
+    );
+    assert_eq!(
+        common::count(&engine, "durastep.run_history WHERE run_id NOT IN (SELECT id FROM durastep.runs)").await,
+        0
+    );
+    assert!(common::count(&engine, "durastep.run_history").await > 0);
+    assert_eq!(engine.run(napping).await.unwrap().state, RunState::Sleeping);
+    assert_eq!(engine.inspect().run(fresh).await.unwrap().steps.len(), 1);
+    assert_eq!(engine.prune(Duration::from_secs(86_400)).await.unwrap().runs, 0);
+}
+
+/// Catches: a worker with `retention` that never prunes (or prunes recent runs).
+#[sqlx::test(migrations = false)]
+async fn workers_prune_on_their_own_with_retention(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let done = Function::new("kept").on_event("kept/go").handler(|_: Ctx, _: Value| async move { Ok(()) });
+    let worker = WorkerOptions {
+        retention: Some(Duration::from_secs(3600)),
+        prune_interval: Duration::from_millis(100),
+        ..common::fast_options()
+    };
+    let engine: Engine = common::engine_with(&opts, vec![done], worker).await;
+    let old = engine.send(Event::new("kept/go", &json!({}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    common::finished(&engine, old).await;
+    durastep::testing::advance_clock(&engine, Duration::from_secs(7200)).await.unwrap();
+    let recent = engine.send(Event::new("kept/go", &json!({}))).await.unwrap().run_ids[0];
+    common::finished(&engine, recent).await;
+    common::wait_until("the old run pruned", || async { matches!(engine.run(old).await, Err(Error::UnknownRun(_))) })
+        .await;
+    assert_eq!(engine.run(recent).await.unwrap().state, RunState::Completed);
+    w.stop().await;
+}
