@@ -76,13 +76,16 @@ pub async fn channel(account: &str, channel: &str) -> Result {
     Ok(())
 }
 
-/// Re-runs the failed runs of `function`.
-pub async fn rerun_dead(function: &str) -> Result {
-    let _pool = connect().await?;
-    Err(format!(
-        "re-running the dead runs of {function} needs Engine::replay_many, which this version of durastep does not have yet"
-    )
-    .into())
+/// Re-runs the dead runs of one side effect, from the step that failed. A
+/// worker (`serve`) picks them up at once.
+pub async fn rerun_dead(side_effect: SideEffect) -> Result {
+    let engine = Engine::builder().pool(connect().await?).build().await?;
+    let ids = side_effects::rerun_dead(&engine, side_effect).await?;
+    println!("{} dead runs of {side_effect} queued again, resuming at the step that failed", ids.len());
+    for id in ids {
+        println!("  {id}");
+    }
+    Ok(())
 }
 
 /// The receiver and a worker against the real systems, until Ctrl-C. The base

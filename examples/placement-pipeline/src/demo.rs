@@ -11,7 +11,7 @@ use placement_pipeline::database::{DATABASE, own_database, server_url};
 use placement_pipeline::figures::{latencies, percentile, runs_by_function};
 use placement_pipeline::simulators::Faults;
 use placement_pipeline::stack::{Stack, StackConfig};
-use placement_pipeline::{SideEffect, Stage, StageChange};
+use placement_pipeline::{SideEffect, Stage, StageChange, side_effects};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn Error>>;
 
@@ -107,7 +107,7 @@ async fn monday(stack: &Stack) -> Result {
     println!(
         "\nretries: {} mail 503s retried after 30 s; {} CRM responses lost after the task was created, retried",
         mail.rejected,
-        s.crm.traffic().counts().requests - s.crm.traffic().counts().accepted - s.crm.traffic().counts().rejected
+        s.crm.duplicates()
     );
     println!(
         "429s absorbed: invoicing throttled {} of {} requests (about 20/minute sustained); each 429 paused every\n\
@@ -129,14 +129,27 @@ async fn monday(stack: &Stack) -> Result {
         s.crm.tasks(),
         burst.changes.len()
     );
-    let lat: Vec<Duration> = latencies(&stack.pool, &stack.sims).await?.into_iter().map(|(_, d)| d).collect();
+    let measured = latencies(&stack.pool, &stack.sims).await?;
+    let lat: Vec<Duration> = measured.iter().map(|(_, d)| *d).collect();
     println!(
-        "latency webhook -> side effect ({} side effects): p50 {}, p99 {}, max {}\n\
-         (on the database clock: a retried side effect includes its backoff, crossed by moving the clock)",
+        "latency webhook -> side effect ({} side effects): p50 {}, p99 {}, max {}",
         lat.len(),
         human(percentile(&lat, 50.0)),
         human(percentile(&lat, 99.0)),
         human(percentile(&lat, 100.0))
+    );
+    for side_effect in SideEffect::ALL {
+        let one: Vec<Duration> = measured.iter().filter(|(e, _)| *e == side_effect).map(|(_, d)| *d).collect();
+        println!(
+            "  {:<24} p50 {:>8}  p99 {:>8}",
+            side_effect.function_id(),
+            human(percentile(&one, 50.0)),
+            human(percentile(&one, 99.0))
+        );
+    }
+    println!(
+        "  (on the database clock: a retried side effect includes its backoff, and an invoice its wait for\n   \
+         the throttle, both crossed by moving the clock)"
     );
     if dead > 0 {
         return Err(format!("{dead} runs ended dead during the Monday burst").into());
@@ -179,14 +192,26 @@ async fn incident(stack: &Stack) -> Result {
     println!("the other side effects of these stage changes went out: each run is independent");
     stack.settings.set_channel(NEW_ACCOUNT, RIGHT_CHANNEL).await?;
     println!("fix: `placement-pipeline channel {NEW_ACCOUNT} {RIGHT_CHANNEL}` (one row in placement.channels)");
+    let rerun = Instant::now();
+    let queued = side_effects::rerun_dead(&stack.engine, SideEffect::ChannelPost).await?;
+    println!("re-run: `placement-pipeline rerun-dead` queued {} dead runs again, from the failed step", queued.len());
+    stack.settle(Duration::from_secs(20)).await?;
+    let mut completed = 0;
+    for id in &queued {
+        if stack.engine.run(*id).await?.state == RunState::Completed {
+            completed += 1;
+        }
+    }
+    let posts = stack.sims.chat.posts_in(RIGHT_CHANNEL).len();
+    let once = changes.iter().all(|c| stack.sims.chat.posted_with(&c.dedupe_key()) == 1);
     println!(
-        "re-run: missing. `placement-pipeline rerun-dead` needs Engine::replay_many, which this durastep does not\n\
-         have yet; the {} dead runs stay dead",
-        dead.len()
+        "{completed} of {} re-run runs completed in {} ms; {posts} posts in {RIGHT_CHANNEL}, {} each stage change",
+        queued.len(),
+        rerun.elapsed().as_millis(),
+        if once { "exactly one for" } else { "NOT exactly one for" }
     );
-    let state_of = |id| async move { stack.engine.run(id).await.map(|r| r.state) };
-    for (id, _, _) in &dead {
-        debug_assert_eq!(state_of(*id).await.ok(), Some(RunState::Failed));
+    if completed != dead.len() || posts != changes.len() || !once {
+        return Err("the re-run did not post exactly once per stage change".into());
     }
     Ok(())
 }

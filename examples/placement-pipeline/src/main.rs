@@ -8,7 +8,7 @@
 //! dry-run on|off                  runs are created but fire nothing (they record what they would send)
 //! switch <side-effect> on|off     one side effect on or off
 //! channel <account> <channel>     set a client account's chat channel (the incident's fix)
-//! rerun-dead [function]           re-run the failed runs of a function (default post-to-channel)
+//! rerun-dead [side-effect]        re-run the dead runs of a side effect (default post-to-channel)
 //! ```
 //!
 //! Every command uses the database `durastep_placement_pipeline` on the server
@@ -20,7 +20,9 @@ mod demo;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: placement-pipeline [demo | serve | status | dry-run on|off | switch <side-effect> on|off | channel <account> <channel> | rerun-dead [function]]";
+use placement_pipeline::SideEffect;
+
+const USAGE: &str = "usage: placement-pipeline [demo | serve | status | dry-run on|off | switch <side-effect> on|off | channel <account> <channel> | rerun-dead [side-effect]]";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -40,8 +42,11 @@ async fn main() -> ExitCode {
             (_, None) => Err(USAGE.into()),
         },
         ["channel", account, channel] => commands::channel(account, channel).await,
-        ["rerun-dead"] => commands::rerun_dead("post-to-channel").await,
-        ["rerun-dead", function] => commands::rerun_dead(function).await,
+        ["rerun-dead"] => commands::rerun_dead(SideEffect::ChannelPost).await,
+        ["rerun-dead", side_effect] => match side_effect.parse() {
+            Ok(side_effect) => commands::rerun_dead(side_effect).await,
+            Err(e) => Err(Box::new(e) as Box<dyn std::error::Error>),
+        },
         ["-h" | "--help" | "help"] => {
             println!("{USAGE}");
             Ok(())

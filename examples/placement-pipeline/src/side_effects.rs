@@ -23,9 +23,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use durastep::{Backoff, Ctx, Function, HandlerError, HandlerResult};
+use durastep::{Backoff, Ctx, Engine, Function, HandlerError, HandlerResult, ReplayFrom, RunFilter, RunState};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use uuid::Uuid;
 
 use crate::http::{ApiRequest, Client};
 use crate::settings::{Mode, Settings};
@@ -192,6 +193,17 @@ pub fn function(side_effect: SideEffect, pipeline: Pipeline) -> Function {
         let pipeline = pipeline.clone();
         async move { perform(&ctx, side_effect, &change, &pipeline).await }
     })
+}
+
+/// Re-runs the dead runs of one side effect (state `failed`: out of attempts,
+/// or failed permanently): the story's "fixed and re-run". Each resumes at the
+/// step that failed ([`ReplayFrom::FailedStep`]): its `mode` decision is kept,
+/// and `send` builds its request again, so a corrected configuration (a
+/// channel name) is what goes out. Returns the runs queued again; a worker
+/// picks them up at once.
+pub async fn rerun_dead(engine: &Engine, side_effect: SideEffect) -> Result<Vec<Uuid>, durastep::Error> {
+    let dead = RunFilter::new().function(side_effect.function_id()).state(RunState::Failed);
+    engine.replay_many(&dead, ReplayFrom::FailedStep).await
 }
 
 async fn perform(ctx: &Ctx, side_effect: SideEffect, change: &StageChange, p: &Pipeline) -> HandlerResult<Outcome> {

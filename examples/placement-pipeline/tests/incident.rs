@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::{SETTLE, change, run_of, stack};
 use durastep::RunState;
+use placement_pipeline::side_effects::rerun_dead;
 use placement_pipeline::stack::StackConfig;
 use placement_pipeline::{SideEffect, Stage};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -42,7 +43,21 @@ async fn a_channel_typo_fails_five_times_lands_dead_and_after_the_fix_one_rerun_
     }
     assert_eq!(stack.sims.mail.sent_with(&key), 1);
 
-    // The fix: the channel configuration, not the code.
+    // The fix: the channel configuration, not the code; then one command.
     stack.settings.set_channel("initech", "#client-initech").await.expect("fix the channel");
+    let queued = rerun_dead(&stack.engine, SideEffect::ChannelPost).await.expect("rerun");
+    assert_eq!(queued, vec![post.id], "exactly the dead run is queued again");
+    stack.settle(SETTLE).await.expect("the re-run finishes");
+
+    let post = run_of(&stack, &receipt.run_ids, "post-to-channel").await;
+    assert_eq!(post.state, RunState::Completed, "{post:?}");
+    assert_eq!(chat.posts_in("#client-initech").len(), 1, "exactly one post, in the right channel");
+    assert_eq!(chat.posted_with(&key), 1);
+    assert_eq!(chat.traffic().counts().rejected, 5, "no further failure");
+    // Nothing else ran again: the other side effects still went out once.
+    assert_eq!(stack.sims.mail.sent_with(&key), 1);
+    assert_eq!(stack.sims.crm.duplicates(), 0);
+    // A second rerun finds nothing dead.
+    assert!(rerun_dead(&stack.engine, SideEffect::ChannelPost).await.expect("rerun").is_empty());
     stack.stop().await.expect("stop");
 }
