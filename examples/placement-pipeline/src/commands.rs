@@ -12,6 +12,7 @@ use placement_pipeline::http::Client;
 use placement_pipeline::receiver::{self, ReceiverStats};
 use placement_pipeline::settings::{self, Settings};
 use placement_pipeline::side_effects::{self, Pipeline};
+use placement_pipeline::simulators::{Faults, Simulators};
 use placement_pipeline::{Endpoints, SideEffect};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -85,6 +86,24 @@ pub async fn rerun_dead(side_effect: SideEffect) -> Result {
     for id in ids {
         println!("  {id}");
     }
+    Ok(())
+}
+
+/// Runs the six simulators on the machine's clock until Ctrl-C, printing the
+/// variables that point `serve` at them.
+pub async fn simulators() -> Result {
+    let config = placement_pipeline::stack::StackConfig::default();
+    let channels: Vec<&str> = config.chat_channels.iter().map(String::as_str).collect();
+    let sims = Simulators::start(Clock::System, Faults::default(), &channels).await?;
+    let e = sims.endpoints();
+    println!("export PLACEMENT_MAIL_URL={}", e.mail);
+    println!("export PLACEMENT_CRM_URL={}", e.crm);
+    println!("export PLACEMENT_CHAT_URL={}", e.chat);
+    println!("export PLACEMENT_SHEET_URL={}", e.sheet);
+    println!("export PLACEMENT_OUTREACH_URL={}", e.outreach);
+    println!("export PLACEMENT_INVOICING_URL={}", e.invoicing);
+    println!("# chat channels: {}; Ctrl-C stops", channels.join(" "));
+    tokio::signal::ctrl_c().await?;
     Ok(())
 }
 

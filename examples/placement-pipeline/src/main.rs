@@ -4,6 +4,7 @@
 //! ```text
 //! demo                            the Monday burst and the channel-name incident, against simulators
 //! serve                           receiver and worker against the real systems (PLACEMENT_*_URL)
+//! simulators                      the six simulators on the machine's clock, printing PLACEMENT_*_URL
 //! status                          runs per side effect and state; the switches
 //! dry-run on|off                  runs are created but fire nothing (they record what they would send)
 //! switch <side-effect> on|off     one side effect on or off
@@ -22,7 +23,7 @@ use std::process::ExitCode;
 
 use placement_pipeline::SideEffect;
 
-const USAGE: &str = "usage: placement-pipeline [demo | serve | status | dry-run on|off | switch <side-effect> on|off | channel <account> <channel> | rerun-dead [side-effect]]";
+const USAGE: &str = "usage: placement-pipeline [demo | serve | simulators | status | dry-run on|off | switch <side-effect> on|off | channel <account> <channel> | rerun-dead [side-effect]]";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -31,6 +32,7 @@ async fn main() -> ExitCode {
     let result = match args.as_slice() {
         [] | ["demo"] => demo::run().await,
         ["serve"] => commands::serve().await,
+        ["simulators"] => commands::simulators().await,
         ["status"] => commands::status().await,
         ["dry-run", on] => match on_off(on) {
             Some(on) => commands::dry_run(on).await,
