@@ -176,7 +176,7 @@ impl Stack {
 
     /// Waits until no run is unfinished. Whenever nothing is running and the
     /// next run is due only later (a backoff, a `Retry-After`), it moves the
-    /// database clock to that time instead of waiting, so a 8-minute backoff
+    /// database clock to that time instead of waiting, so an 8-minute backoff
     /// takes milliseconds. The simulators' clock is the database clock, so
     /// they see the same time pass. Fails after `limit` of real time.
     pub async fn settle(&self, limit: Duration) -> Result<(), StackError> {

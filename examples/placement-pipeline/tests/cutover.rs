@@ -88,3 +88,30 @@ async fn a_switched_off_side_effect_sends_nothing_while_the_others_do(_pool: PgP
     assert_eq!((s.chat.posted_with(&next.dedupe_key()), s.chat.posted_with(&key)), (1, 0));
     stack.stop().await.expect("stop");
 }
+
+#[sqlx::test(migrations = false)]
+async fn a_switch_that_is_off_wins_over_dry_run_and_a_side_effect_without_a_row_is_on(
+    _pool: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    use placement_pipeline::settings::{self, Mode, Settings};
+    let pool =
+        PgPoolOptions::new().max_connections(2).connect_with(opts.options([("jit", "off")])).await.expect("pool");
+    settings::migrate(&pool).await.expect("migrate");
+    let s = Settings::new(pool);
+    let check = async |expected: [Mode; 2]| {
+        let got = [
+            s.mode(SideEffect::ChannelPost).await.expect("mode"),
+            s.mode(SideEffect::CandidateMail).await.expect("mode"),
+        ];
+        assert_eq!(got, expected);
+    };
+    check([Mode::Live, Mode::Live]).await;
+    s.set_switch(SideEffect::ChannelPost, false).await.expect("switch");
+    check([Mode::Off, Mode::Live]).await;
+    s.set_dry_run(true).await.expect("dry run");
+    check([Mode::Off, Mode::DryRun]).await;
+    s.set_switch(SideEffect::ChannelPost, true).await.expect("switch");
+    check([Mode::DryRun, Mode::DryRun]).await;
+    assert!(s.switches().await.expect("switches").iter().all(|(_, on)| *on));
+}

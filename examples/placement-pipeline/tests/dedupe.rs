@@ -62,3 +62,25 @@ async fn a_retried_task_lands_on_the_task_the_crm_already_created(_pool: PgPoolO
     assert!(stack.clock_moved().0 >= std::time::Duration::from_secs(25), "{:?}", stack.clock_moved());
     stack.stop().await.expect("stop");
 }
+
+#[sqlx::test(migrations = false)]
+async fn a_malformed_stage_change_is_refused_and_creates_nothing(_pool: PgPoolOptions, opts: PgConnectOptions) {
+    let stack = stack(opts, StackConfig::default()).await;
+    let mut no_fee = change(5, Stage::Placement, "acme");
+    no_fee.fee_cents = None;
+    let refused = stack.webhook(&no_fee).await.expect_err("a placement without a fee");
+    assert!(matches!(refused, placement_pipeline::stack::StackError::Refused { status: 422, .. }), "{refused}");
+    let mut unknown = serde_json::to_value(change(5, Stage::Offer, "acme")).expect("json");
+    unknown["stage"] = "placed".into();
+    let response = reqwest::Client::new()
+        .post(format!("{}/webhooks/stage-changed", stack.receiver_url))
+        .json(&unknown)
+        .send()
+        .await
+        .expect("send");
+    assert!(response.status().is_client_error(), "{}", response.status());
+    let events: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM durastep.events").fetch_one(&stack.pool).await.expect("count");
+    assert_eq!(events, 0);
+    stack.stop().await.expect("stop");
+}
