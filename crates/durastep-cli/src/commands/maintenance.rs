@@ -1,0 +1,39 @@
+//! `migrate` and `prune`: the schema and retention.
+
+use durastep::Engine;
+use serde::Serialize;
+
+use crate::cli::PruneArgs;
+use crate::error::CliError;
+use crate::format;
+use crate::output::Out;
+
+/// `durastep migrate`: the engine was built with migrations on, so they are applied.
+pub fn migrated(out: &mut Out) -> Result<(), CliError> {
+    if out.json {
+        #[derive(Serialize)]
+        struct Migrated {
+            migrated: bool,
+        }
+        return out.json(&Migrated { migrated: true });
+    }
+    out.line("schema up to date");
+    Ok(())
+}
+
+/// `durastep prune --older-than AGE`.
+pub async fn prune(engine: &Engine, args: PruneArgs, out: &mut Out) -> Result<(), CliError> {
+    let report = engine.prune(args.older_than).await?;
+    if out.json {
+        return out.json(&report);
+    }
+    out.line(format!(
+        "pruned {} run(s), {} event(s) and {} idle flow key(s) finished over {} ago, in {} batch(es)",
+        report.runs,
+        report.events,
+        report.flow_keys,
+        format::duration(args.older_than),
+        report.batches
+    ));
+    Ok(())
+}
