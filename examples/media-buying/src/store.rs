@@ -267,8 +267,8 @@ pub struct WeekSummary {
     pub queued: i64,
     /// Budget writes pushed in the week.
     pub pushed: i64,
-    /// Writes of the week whose run failed at least once before its outcome
-    /// (a 429 absorbed counts: it is a retry).
+    /// Writes of the week that took more than one try: pushed after a
+    /// failure (a 429 absorbed counts), or not pushed after several attempts.
     pub retried: i64,
     /// Writes not pushed now, whenever requested (`queued` or `failed`).
     pub still_open: i64,
@@ -282,7 +282,8 @@ pub async fn week_summary(pool: &PgPool, from: DateTime<Utc>, to: DateTime<Utc>)
         "SELECT count(*) FILTER (WHERE w.requested_at > $1 AND w.requested_at <= $2)            AS queued,
                 count(*) FILTER (WHERE w.pushed_at > $1 AND w.pushed_at <= $2)                  AS pushed,
                 count(*) FILTER (WHERE w.requested_at > $1 AND w.requested_at <= $2
-                                   AND r.last_error IS NOT NULL)                                AS retried,
+                                   AND r.last_error IS NOT NULL
+                                   AND (w.status = 'pushed' OR r.attempt > 1))                  AS retried,
                 count(*) FILTER (WHERE w.status <> 'pushed')                                    AS still_open,
                 count(*) FILTER (WHERE w.status = 'failed')                                     AS failed
            FROM media.budget_writes w

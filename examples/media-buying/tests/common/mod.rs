@@ -235,3 +235,56 @@ pub fn next_year() -> i32 {
     use chrono::Datelike;
     Utc::now().year() + 1
 }
+
+impl World {
+    /// Waits until a worker has ticked (armed) the cron schedule of `function_id`.
+    pub async fn armed(&self, function_id: &str) {
+        wait_until(&format!("schedule {function_id} armed"), || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT coalesce(bool_or(last_tick_at IS NOT NULL), false) FROM durastep.schedules WHERE function_id = $1",
+            )
+            .bind(function_id)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+        })
+        .await;
+    }
+
+    /// The runs of a function, oldest first.
+    pub async fn runs_of(&self, function_id: &str) -> Vec<Uuid> {
+        sqlx::query_scalar("SELECT id FROM durastep.runs WHERE function_id = $1 ORDER BY created_at, id")
+            .bind(function_id)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+    }
+}
+
+/// The first Friday of June next year, at 21:30 in Amsterdam (the story's 429).
+pub fn friday_2130() -> DateTime<Utc> {
+    use chrono::{Datelike, NaiveDate, Weekday};
+    let mut day = NaiveDate::from_ymd_opt(next_year(), 6, 1).expect("a date");
+    while day.weekday() != Weekday::Fri {
+        day = day.succ_opt().expect("a date");
+    }
+    amsterdam(day.year(), day.month(), day.day(), 21, 30)
+}
+
+/// Waits until the failure handler runs of `function_id` finished, and a
+/// little longer to see that no second one appears; returns them.
+pub async fn wait_for_failure_handler(w: &World, function_id: &str) -> Vec<Uuid> {
+    wait_until("the failure handler", || async {
+        let ids = w.runs_of(function_id).await;
+        let mut all_done = !ids.is_empty();
+        for id in &ids {
+            all_done &= w.run(*id).await.state == RunState::Completed;
+        }
+        all_done
+    })
+    .await;
+    // A second handler run would be created by the same statement that
+    // failed the run; a few poll intervals more are enough to see it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    w.runs_of(function_id).await
+}
