@@ -91,8 +91,9 @@ impl MetaSim {
         s.refresh.insert(refresh_token.to_owned(), account_id.to_owned());
     }
 
-    /// Every `every`-th budget write starts a burst: it and the next `len - 1`
-    /// writes on its ad account get HTTP 429. `every = 0` turns bursts off.
+    /// The 1st, `every + 1`-th, `2 * every + 1`-th ... budget write request
+    /// starts a burst: it and the next `len - 1` writes on its ad account get
+    /// HTTP 429. `every = 0` turns bursts off.
     pub fn set_bursts(&self, every: u64, len: u32) {
         let mut s = lock(&self.inner);
         s.burst_every = every;
@@ -227,7 +228,7 @@ async fn update_budget(
             Err(refusal) => return *refusal,
         };
         let received = s.writes_received;
-        if s.burst_every > 0 && received.is_multiple_of(s.burst_every) {
+        if s.burst_every > 0 && (received - 1).is_multiple_of(s.burst_every) {
             let len = s.burst_len;
             s.burst_left.insert(account_id.clone(), len);
         }
