@@ -67,6 +67,11 @@ impl LinkedInSim {
         LinkedInSim { clock, inner: Mutex::default(), latency: Mutex::new(Duration::from_millis(30)) }
     }
 
+    /// How long each budget write takes.
+    pub fn set_latency(&self, latency: Duration) {
+        *lock(&self.latency) = latency;
+    }
+
     /// Accepts this access token from now on.
     pub fn add_token(&self, access_token: &str) {
         lock(&self.inner).tokens.insert(access_token.to_owned());
