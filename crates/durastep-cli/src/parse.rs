@@ -17,11 +17,7 @@ pub fn run_id(s: &str) -> Result<Uuid, String> {
 
 /// A state name: `queued`, `running`, ... `skipped`.
 pub fn state(s: &str) -> Result<RunState, String> {
-    let wanted = s.trim().to_ascii_lowercase();
-    RunState::ALL.into_iter().find(|st| st.as_str() == wanted).ok_or_else(|| {
-        let names: Vec<&str> = RunState::ALL.iter().map(|st| st.as_str()).collect();
-        format!("unknown state {s:?}; the states are {}", names.join(", "))
-    })
+    s.trim().to_ascii_lowercase().parse().map_err(|e: durastep::Error| e.to_string().replace("invalid filter: ", ""))
 }
 
 /// A length of time: a number and a unit, `90s`, `30m`, `2h`, `7d`, `2w`.

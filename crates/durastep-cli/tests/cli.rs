@@ -339,7 +339,7 @@ async fn runs_ls_filters_and_json_round_trip(_p: PgPoolOptions, opts: PgConnectO
     for (args, says) in [
         (&["runs", "ls", "--key", "account=acme"][..], "not a JSON pointer"),
         (&["runs", "ls", "--limit", "0"][..], "limit must be at least 1"),
-        (&["runs", "ls", "--state", "dead"][..], "unknown state \"dead\""),
+        (&["runs", "ls", "--state", "dead"][..], "unknown run state \"dead\""),
         (&["runs", "ls", "--since", "yesterday"][..], "is not a time"),
         (&["runs", "ls", "--after", "nonsense"][..], "not a page cursor"),
     ] {

@@ -521,6 +521,15 @@ impl EngineBuilder {
             }
             (None, Some(url)) => {
                 let options = without_jit(url.parse().map_err(Error::Unavailable)?);
+                // One plain connection first: a refused or unknown host fails here
+                // at once with its own error, not after the pool's acquire timeout
+                // as "pool timed out".
+                use sqlx::Connection;
+                let probe = tokio::time::timeout(Duration::from_secs(10), PgConnection::connect_with(&options))
+                    .await
+                    .map_err(|_| Error::Unavailable(sqlx::Error::PoolTimedOut))?
+                    .map_err(Error::Unavailable)?;
+                let _ = probe.close().await;
                 let pool = PgPoolOptions::new()
                     .max_connections(self.max_connections)
                     .acquire_timeout(Duration::from_secs(10))
@@ -658,16 +667,30 @@ impl RunState {
     ];
 
     pub(crate) fn parse(s: &str) -> RunState {
-        match s {
-            "queued" => RunState::Queued,
-            "running" => RunState::Running,
-            "sleeping" => RunState::Sleeping,
-            "waiting" => RunState::Waiting,
-            "completed" => RunState::Completed,
-            "failed" => RunState::Failed,
-            "skipped" => RunState::Skipped,
-            _ => RunState::Cancelled,
-        }
+        s.parse().unwrap_or(RunState::Cancelled)
+    }
+}
+
+impl std::fmt::Display for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Parses a state's stored name (`"failed"`, ...).
+///
+/// ```
+/// let s: durastep::RunState = "failed".parse().unwrap();
+/// assert_eq!(s, durastep::RunState::Failed);
+/// assert!("dead".parse::<durastep::RunState>().is_err());
+/// ```
+impl std::str::FromStr for RunState {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<RunState, Error> {
+        RunState::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| {
+            let names: Vec<&str> = RunState::ALL.iter().map(|st| st.as_str()).collect();
+            Error::InvalidFilter(format!("unknown run state {s:?}; one of {}", names.join(", ")))
+        })
     }
 }
 
@@ -679,7 +702,7 @@ impl RunState {
 /// if let Some(error) = &run.last_error { eprintln!("attempt {} failed: {error}", run.attempt); }
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[non_exhaustive]
 pub struct Run {
     /// The run's id.

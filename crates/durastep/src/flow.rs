@@ -295,7 +295,7 @@ impl StoredOptions {
 /// }
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct FlowWait {
     /// The rule's name (a shared name, or `<function>#concurrency1`, ...).

@@ -571,7 +571,6 @@ fn ser_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::O
 #[non_exhaustive]
 pub struct RunDetail {
     /// The run (its output opened when the engine holds the key).
-    #[serde(serialize_with = "ser_run")]
     pub run: Run,
     /// The event that started it.
     pub event: StoredEvent,
@@ -583,18 +582,26 @@ pub struct RunDetail {
     pub steps: Vec<StepRecord>,
     /// What holds it, when it is not running and not finished.
     pub blocker: Option<Blocker>,
-    /// Its child runs (`ctx.invoke`): id, function, state.
-    pub children: Vec<(Uuid, String, RunState)>,
+    /// Its child runs (`ctx.invoke`).
+    pub children: Vec<ChildRun>,
 }
 
-fn ser_run<S: serde::Serializer>(r: &Run, s: S) -> Result<S::Ok, S::Error> {
-    serde_json::json!({
-        "id": r.id, "function_id": r.function_id, "event_id": r.event_id, "state": r.state,
-        "attempt": r.attempt, "max_attempts": r.max_attempts, "run_at": r.run_at,
-        "last_error": r.last_error, "cancel_reason": r.cancel_reason, "output": r.output,
-        "created_at": r.created_at, "finished_at": r.finished_at,
-    })
-    .serialize(s)
+/// A child run started by `ctx.invoke`.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+/// for c in engine.inspect().run(id).await?.children { println!("{} {} {:?}", c.id, c.function_id, c.state); }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ChildRun {
+    /// The child run.
+    pub id: Uuid,
+    /// Its function.
+    pub function_id: String,
+    /// Its state.
+    pub state: RunState,
 }
 
 /// What holds a run that is not running (a row of `durastep.run_blockers`).
@@ -794,17 +801,70 @@ pub struct FunctionInfo {
     pub triggers: Vec<String>,
     /// Attempts per run.
     pub max_attempts: i32,
-    /// Its cron expression and time zone, when scheduled.
-    pub cron: Option<(String, String)>,
-    /// Its next cron fire time.
-    pub next_fire_at: Option<DateTime<Utc>>,
-    /// Its flow-control rules: (rule name, kind, limit, period in seconds, key pointer).
-    pub rules: Vec<(String, String, i64, f64, Option<String>)>,
+    /// Its cron schedule, when it has one.
+    pub cron: Option<CronInfo>,
+    /// Its flow-control rules.
+    pub rules: Vec<RuleInfo>,
     /// When an engine last registered it.
     pub updated_at: DateTime<Utc>,
 }
 
+/// A function's cron schedule.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+/// for f in engine.inspect().functions().await? {
+///     if let Some(c) = f.cron { println!("{}: {} in {}, next {:?}", f.id, c.expr, c.tz, c.next_fire_at); }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct CronInfo {
+    /// The cron expression.
+    pub expr: String,
+    /// Its time zone (IANA name).
+    pub tz: String,
+    /// The next fire time, once a worker has ticked it.
+    pub next_fire_at: Option<DateTime<Utc>>,
+}
+
+/// One flow-control rule of a function.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+/// for f in engine.inspect().functions().await? {
+///     for r in &f.rules { println!("{}: {} {} per {} s by {:?}", f.id, r.kind, r.limit, r.period_secs, r.key); }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct RuleInfo {
+    /// The rule's name (shared, or `<function>#<kind><n>`).
+    pub name: String,
+    /// `concurrency`, `throttle`, `rate_limit` or `backpressure`.
+    pub kind: String,
+    /// Slots (concurrency) or starts per period.
+    pub limit: i64,
+    /// The period of a throttle or rate limit, in seconds (0 otherwise).
+    pub period_secs: f64,
+    /// The key's JSON pointer (None: one key for the whole function).
+    pub key: Option<String>,
+}
+
 impl Inspector {
+    /// The database clock now (the time every due-ness decision uses).
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let now = engine.inspect().db_now().await?;
+    /// # let _ = now; Ok(()) }
+    /// ```
+    pub async fn db_now(&self) -> Result<DateTime<Utc>, Error> {
+        store::db_now(&self.pool).await.map_err(from_sqlx)
+    }
+
     pub(crate) fn new(pool: PgPool, keyring: Option<Arc<Keyring>>) -> Self {
         Inspector { pool, keyring }
     }
@@ -901,7 +961,10 @@ impl Inspector {
             attempts,
             steps,
             blocker: blocker.into_iter().next().map(blocker_of),
-            children: children.into_iter().map(|(id, f, s)| (id, f, RunState::parse(&s))).collect(),
+            children: children
+                .into_iter()
+                .map(|(id, function_id, s)| ChildRun { id, function_id, state: RunState::parse(&s) })
+                .collect(),
         })
     }
 
@@ -1024,8 +1087,7 @@ impl Inspector {
                 id: f.id,
                 triggers: f.triggers,
                 max_attempts: f.max_attempts,
-                cron: f.cron.zip(f.tz),
-                next_fire_at: f.next_fire_at,
+                cron: f.cron.zip(f.tz).map(|(expr, tz)| CronInfo { expr, tz, next_fire_at: f.next_fire_at }),
                 updated_at: f.updated_at,
             })
             .collect())

@@ -303,6 +303,11 @@ async fn blockers_name_what_holds_each_run(_p: PgPoolOptions, opts: PgConnectOpt
     let all = engine.inspect().blockers(None, 100).await.unwrap();
     assert_eq!(all.len(), 5);
     assert_eq!(engine.inspect().blockers(Some("capped"), 100).await.unwrap().len(), 1);
+    let functions = engine.inspect().functions().await.unwrap();
+    let capped = functions.iter().find(|f| f.id == "capped").unwrap();
+    assert_eq!(capped.rules.len(), 1);
+    let rule = &capped.rules[0];
+    assert_eq!((rule.kind.as_str(), rule.limit, rule.key.as_deref()), ("concurrency", 1, Some("/account")));
 
     // No worker for it: ready, and says so.
     w.stop().await;

@@ -63,3 +63,15 @@ async fn pools_built_from_a_url_turn_jit_off(_p: PgPoolOptions, opts: PgConnectO
     let jit: String = sqlx::query_scalar("SHOW jit").fetch_one(engine.pool()).await.unwrap();
     assert_eq!(jit, "off");
 }
+
+/// Catches: a refused database that is reported only after the pool's acquire
+/// timeout, as "pool timed out", instead of at once with the real cause.
+#[tokio::test]
+async fn an_unreachable_database_fails_the_build_at_once_with_its_cause() {
+    let started = std::time::Instant::now();
+    let err =
+        durastep::Engine::builder().database_url("postgres://postgres@127.0.0.1:1/none").build().await.unwrap_err();
+    assert!(matches!(err, durastep::Error::Unavailable(_)), "{err:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3), "took {:?}", started.elapsed());
+    assert!(err.to_string().to_lowercase().contains("refused"), "{err}");
+}

@@ -105,20 +105,20 @@ pub async fn functions(engine: &Engine, out: &mut Out) -> Result<(), CliError> {
     let mut table = Table::new(&["ID", "TRIGGERS", "ATTEMPTS", "CRON", "RULES"]);
     for f in &functions {
         let cron = match &f.cron {
-            Some((expr, tz)) => format!("{expr} ({tz}), next {}", format::opt_time(f.next_fire_at)),
+            Some(c) => format!("{} ({}), next {}", c.expr, c.tz, format::opt_time(c.next_fire_at)),
             None => "-".into(),
         };
         let rules: Vec<String> = f
             .rules
             .iter()
-            .map(|(name, kind, limit, period_s, key)| {
-                let mut r = format!("{name}: {kind} {limit}");
-                if let Ok(period) = Duration::try_from_secs_f64(*period_s)
+            .map(|rule| {
+                let mut r = format!("{}: {} {}", rule.name, rule.kind, rule.limit);
+                if let Ok(period) = Duration::try_from_secs_f64(rule.period_secs)
                     && !period.is_zero()
                 {
                     r.push_str(&format!(" per {}", format::duration(period)));
                 }
-                if let Some(key) = key {
+                if let Some(key) = &rule.key {
                     r.push_str(&format!(" by {key}"));
                 }
                 r

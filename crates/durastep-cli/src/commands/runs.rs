@@ -1,6 +1,5 @@
 //! `runs ls`, `runs replay` and `runs cancel`.
 
-use chrono::{DateTime, Utc};
 use durastep::inspect::RunFilter;
 use durastep::{Engine, ReplayFrom, RunState};
 use serde::Serialize;
@@ -78,17 +77,6 @@ pub async fn list(engine: &Engine, args: LsArgs, out: &mut Out) -> Result<(), Cl
     Ok(())
 }
 
-/// A replayed run, as `--json` prints it.
-#[derive(Serialize)]
-struct Replayed {
-    id: Uuid,
-    function_id: String,
-    state: RunState,
-    attempt: i32,
-    max_attempts: i32,
-    run_at: DateTime<Utc>,
-}
-
 /// `durastep runs replay`: one run by id, or every matching dead run.
 pub async fn replay(engine: &Engine, args: ReplayArgs, out: &mut Out) -> Result<(), CliError> {
     let from = if args.from_start { ReplayFrom::Start } else { ReplayFrom::FailedStep };
@@ -123,14 +111,7 @@ pub async fn replay(engine: &Engine, args: ReplayArgs, out: &mut Out) -> Result<
     }
     let run = engine.replay(id, from).await?;
     if out.json {
-        return out.json(&Replayed {
-            id: run.id,
-            function_id: run.function_id,
-            state: run.state,
-            attempt: run.attempt,
-            max_attempts: run.max_attempts,
-            run_at: run.run_at,
-        });
+        return out.json(&run);
     }
     out.line(format!(
         "run {} ({}) is {} again{}: attempt {} of {}",

@@ -112,8 +112,8 @@ fn render(d: &RunDetail, full: bool, out: &mut Out) {
         out.line("");
         out.line("children");
         let mut t = Table::new(&["RUN", "FUNCTION", "STATE"]);
-        for (id, function, state) in &d.children {
-            t.row(vec![id.to_string(), function.clone(), state.as_str().into()]);
+        for c in &d.children {
+            t.row(vec![c.id.to_string(), c.function_id.clone(), c.state.as_str().into()]);
         }
         out.block(&t.render());
     }

@@ -260,7 +260,7 @@ pub(crate) struct FunctionInfoRow {
     pub cron: Option<String>,
     pub tz: Option<String>,
     pub next_fire_at: Option<DateTime<Utc>>,
-    /// `[[rule, kind, capacity, period_s, key_pointer], ...]`
+    /// `[{name, kind, limit, period_secs, key}, ...]`
     pub rules: Value,
 }
 
@@ -268,7 +268,8 @@ pub(crate) struct FunctionInfoRow {
 pub(crate) async fn functions(pool: &PgPool) -> Result<Vec<FunctionInfoRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT f.id, f.triggers, f.max_attempts, f.updated_at, s.expr AS cron, s.tz, s.next_fire_at,
-                coalesce((SELECT jsonb_agg(jsonb_build_array(ff.rule, fr.kind, fr.capacity, fr.period_s, ff.key_pointer)
+                coalesce((SELECT jsonb_agg(jsonb_build_object('name', ff.rule, 'kind', fr.kind, 'limit', fr.capacity,
+                                                              'period_secs', fr.period_s, 'key', ff.key_pointer)
                                            ORDER BY ff.rule)
                             FROM durastep.function_flow ff JOIN durastep.flow_rules fr ON fr.name = ff.rule
                            WHERE ff.function_id = f.id), '[]'::jsonb) AS rules
