@@ -101,6 +101,13 @@ async fn replay_and_cancel_through_the_forms(_p: PgPoolOptions, opts: PgConnectO
     let page = get(&app, &format!("/runs/{later}")).await;
     assert!(page.body.contains("<td id=\"blocker\">scheduled</td>"), "{}", page.body);
     assert!(page.body.contains("id=\"cancel\""));
+    let overview = get(&app, "/").await;
+    assert!(
+        overview.body.contains("<td>scheduled</td><td>budget-push</td><td>–</td><td class=\"n\">1</td>"),
+        "the blockers summary: {}",
+        overview.body
+    );
+    assert!(overview.body.contains(&format!("<a href=\"/runs/{later}\">")), "it links the longest-due run");
     let r = post_form(&app, &format!("/runs/{later}/cancel"), &format!("csrf={csrf}&reason=client+paused"), &[origin])
         .await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
