@@ -1,0 +1,50 @@
+//! The functions some engine registered: triggers, attempts, schedule, rules.
+
+use std::fmt::Write as _;
+
+use axum::extract::State;
+use axum::response::Html;
+
+use super::PageResult;
+use crate::App;
+use crate::html::{self, esc, query};
+
+/// GET /functions
+pub(crate) async fn list(State(app): State<App>) -> PageResult {
+    let functions = app.engine.inspect().functions().await?;
+    let mut body = String::from("<h1>Functions</h1>");
+    if functions.is_empty() {
+        body.push_str("<p class=\"muted\">No function is registered.</p>");
+    } else {
+        body.push_str(
+            "<table><tr><th>Function</th><th>Triggers</th><th>Attempts</th><th>Cron</th><th>Next fire</th>\
+             <th>Flow control</th><th>Registered</th></tr>",
+        );
+        for f in &functions {
+            let cron = f.cron.as_ref().map(|(expr, tz)| format!("{expr} ({tz})")).unwrap_or_default();
+            let rules: Vec<String> = f
+                .rules
+                .iter()
+                .map(|(name, kind, limit, period, key)| {
+                    let per = if *period > 0.0 { format!(" per {period} s") } else { String::new() };
+                    format!("{kind} {limit}{per} on {} ({name})", key.as_deref().unwrap_or("all"))
+                })
+                .collect();
+            let _ = write!(
+                body,
+                "<tr><td><a href=\"/runs{}\">{}</a></td><td>{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td>\
+                 <td>{}</td><td>{}</td></tr>",
+                esc(&query(&[("function", &f.id)])),
+                esc(&f.id),
+                esc(&f.triggers.join(", ")),
+                f.max_attempts,
+                esc(&cron),
+                html::opt_time(f.next_fire_at),
+                esc(&rules.join("; ")),
+                html::time(f.updated_at),
+            );
+        }
+        body.push_str("</table>");
+    }
+    Ok(Html(html::page("Functions", &body, None)))
+}
