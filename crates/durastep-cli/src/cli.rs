@@ -55,6 +55,22 @@ pub enum Command {
     Events(EventsCommand),
     /// Delete finished runs (with their steps, history and events) older than a bound.
     Prune(PruneArgs),
+    /// Serve the web dashboard until Ctrl-C (loopback only unless a token is set).
+    Serve(ServeArgs),
+}
+
+/// `durastep serve`
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The address to listen on; a non-loopback address needs --token.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub addr: std::net::SocketAddr,
+    /// The access token every page asks for (at least 16 characters).
+    #[arg(long, env = "DURASTEP_DASHBOARD_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Without a token (loopback only): show step outputs and event data anyway.
+    #[arg(long)]
+    pub show_data: bool,
 }
 
 /// `durastep runs ...`

@@ -45,6 +45,9 @@ pub enum CliError {
     /// Reading input or writing output failed.
     #[error("{0}")]
     Io(String),
+    /// The dashboard could not start (or stopped with an error).
+    #[error(transparent)]
+    Dashboard(#[from] durastep_dashboard::DashboardError),
 }
 
 /// Postgres error codes that mean "the schema is not there (or is older)":

@@ -632,4 +632,37 @@ async fn errors_are_one_line_with_the_right_exit_code(_p: PgPoolOptions, opts: P
     assert!(bad_url.failed(1).contains("invalid database URL"), "{bad_url:?}");
     let bad_flag = durastep(Some(&url), &["runs", "ls", "--bogus"]).await;
     assert!(bad_flag.failed(1).contains("--bogus"), "{bad_flag:?}");
+    let open = durastep(Some(&url), &["serve", "--addr", "0.0.0.0:0"]).await;
+    assert!(open.failed(1).contains("token"), "a non-loopback dashboard without a token: {open:?}");
+}
+
+/// Catches: a `serve` command that is not wired to the dashboard, or that
+/// does not answer on the address it was given.
+#[sqlx::test(migrations = false)]
+async fn serve_answers_on_its_address(_p: PgPoolOptions, opts: PgConnectOptions) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let url = url_of(&opts);
+    durastep(Some(&url), &["migrate"]).await.ok();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_durastep"))
+        .args(["--database-url", &url, "serve", "--addr", &addr])
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let page = loop {
+        if let Ok(mut conn) = tokio::net::TcpStream::connect(&addr).await {
+            conn.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").await.unwrap();
+            let mut page = String::new();
+            conn.read_to_string(&mut page).await.unwrap();
+            break page;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the dashboard never answered on {addr}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("<html"), "{page}");
+    child.kill().await.unwrap();
 }

@@ -37,3 +37,22 @@ pub async fn prune(engine: &Engine, args: PruneArgs, out: &mut Out) -> Result<()
     ));
     Ok(())
 }
+
+/// `durastep serve`: the dashboard, until Ctrl-C.
+pub async fn serve(engine: &Engine, args: crate::cli::ServeArgs, _out: &mut Out) -> Result<(), CliError> {
+    let mut config = durastep_dashboard::DashboardConfig::new(args.addr);
+    config.token = args.token;
+    config.show_data = args.show_data;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+    });
+    // Refused settings (a non-loopback address without a token) fail before anything is printed.
+    durastep_dashboard::router(engine.clone(), &config)?;
+    // Printed at once (not buffered like other output): the server runs until Ctrl-C.
+    println!("starting the dashboard on http://{}/ (Ctrl-C stops it)", args.addr);
+    durastep_dashboard::serve(engine.clone(), config, shutdown).await?;
+    Ok(())
+}

@@ -28,5 +28,6 @@ pub async fn run(command: Command, engine: &Engine, out: &mut Out) -> Result<(),
         Command::Send(args) => events::send(engine, args, out).await,
         Command::Events(EventsCommand::Ls(args)) => events::list(engine, args, out).await,
         Command::Prune(args) => maintenance::prune(engine, args, out).await,
+        Command::Serve(args) => maintenance::serve(engine, args, out).await,
     }
 }

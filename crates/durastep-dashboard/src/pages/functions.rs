@@ -21,13 +21,13 @@ pub(crate) async fn list(State(app): State<App>) -> PageResult {
              <th>Flow control</th><th>Registered</th></tr>",
         );
         for f in &functions {
-            let cron = f.cron.as_ref().map(|(expr, tz)| format!("{expr} ({tz})")).unwrap_or_default();
+            let cron = f.cron.as_ref().map(|c| format!("{} ({})", c.expr, c.tz)).unwrap_or_default();
             let rules: Vec<String> = f
                 .rules
                 .iter()
-                .map(|(name, kind, limit, period, key)| {
-                    let per = if *period > 0.0 { format!(" per {period} s") } else { String::new() };
-                    format!("{kind} {limit}{per} on {} ({name})", key.as_deref().unwrap_or("all"))
+                .map(|r| {
+                    let per = if r.period_secs > 0.0 { format!(" per {} s", r.period_secs) } else { String::new() };
+                    format!("{} {}{per} on {} ({})", r.kind, r.limit, r.key.as_deref().unwrap_or("all"), r.name)
                 })
                 .collect();
             let _ = write!(
@@ -39,7 +39,7 @@ pub(crate) async fn list(State(app): State<App>) -> PageResult {
                 esc(&f.triggers.join(", ")),
                 f.max_attempts,
                 esc(&cron),
-                html::opt_time(f.next_fire_at),
+                html::opt_time(f.cron.as_ref().and_then(|c| c.next_fire_at)),
                 esc(&rules.join("; ")),
                 html::time(f.updated_at),
             );

@@ -73,12 +73,13 @@ pub(crate) async fn show(State(app): State<App>, Path(raw): Path<String>, Query(
     history(&mut body, &d);
     if !d.children.is_empty() {
         body.push_str("<h2>Children</h2><table><tr><th>Run</th><th>Function</th><th>State</th></tr>");
-        for (id, function, state) in &d.children {
+        for c in &d.children {
             let _ = write!(
                 body,
                 "<tr><td><a href=\"/runs/{id}\">{id}</a></td><td>{}</td><td>{}</td></tr>",
-                esc(function),
-                html::state_badge(*state)
+                esc(&c.function_id),
+                html::state_badge(c.state),
+                id = c.id
             );
         }
         body.push_str("</table>");
