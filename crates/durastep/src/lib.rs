@@ -134,6 +134,7 @@ mod failure;
 pub mod flow;
 mod function;
 pub mod limits;
+pub mod metrics;
 mod schedule;
 mod store;
 pub mod testing;
