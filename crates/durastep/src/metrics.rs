@@ -88,24 +88,10 @@ pub(crate) fn run_started(function: &str, attempt: u32) {
     counter!(RUNS_STARTED, "function" => function.to_owned(), "kind" => kind).increment(1);
 }
 
-pub(crate) fn run_completed(function: &str) {
-    counter!(RUNS_COMPLETED, "function" => function.to_owned()).increment(1);
-}
-
-pub(crate) fn run_failed(function: &str) {
-    counter!(RUNS_FAILED, "function" => function.to_owned()).increment(1);
-}
-
-pub(crate) fn attempt_failed(function: &str) {
-    counter!(ATTEMPTS_FAILED, "function" => function.to_owned()).increment(1);
-}
-
-pub(crate) fn run_suspended(function: &str) {
-    counter!(RUNS_SUSPENDED, "function" => function.to_owned()).increment(1);
-}
-
-pub(crate) fn lease_lost(function: &str) {
-    counter!(LEASES_LOST, "function" => function.to_owned()).increment(1);
+/// Adds one to a counter labelled only by `function` ([`RUNS_COMPLETED`],
+/// [`RUNS_FAILED`], [`ATTEMPTS_FAILED`], [`RUNS_SUSPENDED`], [`LEASES_LOST`]).
+pub(crate) fn count(name: &'static str, function: &str) {
+    counter!(name, "function" => function.to_owned()).increment(1);
 }
 
 pub(crate) fn runs_reaped(outcome: &str) {

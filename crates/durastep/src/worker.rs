@@ -23,6 +23,7 @@ use crate::engine::EngineInner;
 use crate::error::{Error, from_sqlx};
 use crate::failure::{HandlerError, HandlerResult};
 use crate::limits;
+use crate::metrics;
 use crate::store::{self, ClaimedRun, PendingWrite, WriteOutcome};
 
 /// How a worker runs; see [`crate::EngineBuilder::worker_options`].
@@ -261,7 +262,7 @@ async fn claim_round(
         let (runs, moved) = store::claim_runnable(&engine.pool, &functions, want as i64, lease, worker_id)
             .await
             .map_err(|e| e.to_string())?;
-        crate::metrics::claimed(sent.elapsed(), runs.len());
+        metrics::claimed(sent.elapsed(), runs.len());
         if !runs.is_empty() {
             // The claim committed but its answer is lost: the runs stay claimed
             // until their leases expire and a reaper takes them back.
@@ -351,7 +352,7 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
     };
     let attempt = u32::try_from(run.attempt).unwrap_or(1);
     let span = tracing::info_span!("run", run_id = %run.id, function = %run.function_id, attempt);
-    crate::metrics::run_started(&run.function_id, attempt);
+    metrics::run_started(&run.function_id, attempt);
     let this = RunRef { id: run.id, lease_epoch: run.lease_epoch, function_id: run.function_id.clone() };
     let (signal_tx, signal_rx) = oneshot::channel();
     let ctx = Ctx::new(CtxParts {
@@ -386,7 +387,7 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
                 }
                 Ok(Signal::Suspended) => {
                     handle.abort();
-                    crate::metrics::run_suspended(&this.function_id);
+                    metrics::count(metrics::RUNS_SUSPENDED, &this.function_id);
                     tracing::debug!("run suspended");
                     Ending::Stopped
                 }
@@ -395,7 +396,7 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
                     if !lost.is_cancelled() {
                         // Cancelled here, so the heartbeat does not count this loss again.
                         lost.cancel();
-                        crate::metrics::lease_lost(&this.function_id);
+                        metrics::count(metrics::LEASES_LOST, &this.function_id);
                     }
                     tracing::warn!("attempt fenced: lease lost");
                     Ending::Stopped
@@ -445,7 +446,7 @@ async fn complete(engine: &EngineInner, run: &RunRef, writer: &Writer, output: s
     );
     match writer.write(PendingWrite::Complete { run_id: run.id, epoch: run.lease_epoch, output: text }).await {
         Ok(WriteOutcome::Stored) => {
-            crate::metrics::run_completed(&run.function_id);
+            metrics::count(metrics::RUNS_COMPLETED, &run.function_id);
             tracing::debug!("run completed");
         }
         Ok(_) => tracing::warn!("completion fenced: lease lost"),
@@ -485,10 +486,10 @@ async fn fail(
         match failed.await {
             Ok(Some(state)) => {
                 if state == "failed" {
-                    crate::metrics::run_failed(&run.function_id);
+                    metrics::count(metrics::RUNS_FAILED, &run.function_id);
                     tracing::warn!(error = %e, "run failed");
                 } else {
-                    crate::metrics::attempt_failed(&run.function_id);
+                    metrics::count(metrics::ATTEMPTS_FAILED, &run.function_id);
                     tracing::info!(error = %e, retry_in = ?delay, "attempt failed; will retry");
                 }
                 return;
@@ -559,7 +560,7 @@ async fn heartbeat_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: Cancella
                         if still.contains(id) {
                             h.last_extended = sent_at;
                         } else if !h.lost.is_cancelled() {
-                            crate::metrics::lease_lost(&h.function_id);
+                            metrics::count(metrics::LEASES_LOST, &h.function_id);
                             tracing::warn!(run_id = %id, "lease lost (fenced); dropping handler");
                             h.lost.cancel();
                         }
@@ -587,7 +588,7 @@ async fn own_clock_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: Cancella
             }
             let deadline = h.last_extended + limit;
             if deadline <= now {
-                crate::metrics::lease_lost(&h.function_id);
+                metrics::count(metrics::LEASES_LOST, &h.function_id);
                 tracing::warn!(run_id = %id, "lease not extended in time by this worker's clock; dropping handler");
                 h.lost.cancel();
             } else {
@@ -635,7 +636,7 @@ pub(crate) async fn reap_once(pool: &sqlx::PgPool) -> Result<usize, Error> {
     );
     let reaped = store::reap_expired(pool, &seen).await.map_err(from_sqlx)?;
     for (id, state) in &reaped {
-        crate::metrics::runs_reaped(state);
+        metrics::runs_reaped(state);
         tracing::warn!(run_id = %id, new_state = %state, "reaped run with expired lease");
     }
     Ok(reaped.len())
@@ -649,7 +650,7 @@ async fn sample_queue_depth(engine: &EngineInner) {
         Ok(due) => {
             let due: HashMap<String, i64> = due.into_iter().collect();
             for f in &functions {
-                crate::metrics::queue_depth(f, due.get(f).copied().unwrap_or(0));
+                metrics::queue_depth(f, due.get(f).copied().unwrap_or(0));
             }
         }
         Err(e) => tracing::debug!(error = %e, "queue depth not sampled"),
