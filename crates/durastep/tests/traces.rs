@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durastep::{Ctx, Event, Function, HandlerError};
+use durastep::{Ctx, Event, EventMatch, Function, HandlerError};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tracing::span;
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -55,13 +55,16 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<
 }
 
 /// Catches: a step span (also one whose future the handler spawned, and a
-/// `step_tx` or sleep span) that is not a child of its run's span, or lacks
+/// `step_tx`, sleep or wait span) that is not a child of its run's span, or lacks
 /// the step key or the attempt; a run span without run id or function.
 #[sqlx::test(migrations = false)]
 async fn step_spans_carry_run_function_attempt_and_step(_p: PgPoolOptions, opts: PgConnectOptions) {
     let log = SpanLog::default();
     let _subscriber = tracing::subscriber::set_default(tracing_subscriber::registry().with(log.clone()));
     let f = Function::new("t-spans").on_event("go").handler(|ctx: Ctx, _: ()| async move {
+        // Suspends the first execution; the second replays it (a second `wait` span).
+        let _: Option<bool> =
+            ctx.wait_for_event("approval", "t/approved", EventMatch::any(), Duration::from_secs(60)).await?;
         ctx.step("fetch", || async { Ok(1) }).await?;
         ctx.step("fetch", || async { Ok(2) }).await?;
         let spawned = tokio::spawn(ctx.step("spawned", || async { Ok(3) }));
@@ -74,6 +77,8 @@ async fn step_spans_carry_run_function_attempt_and_step(_p: PgPoolOptions, opts:
     let receipt = engine.send(Event::new("go", &())).await.unwrap();
     let run_id = receipt.run_ids[0];
     let worker = common::spawn_worker(&engine);
+    common::wait_for_run_where(&engine, run_id, "waiting", |r| r.state == durastep::RunState::Waiting).await;
+    engine.send(Event::new("t/approved", &true)).await.unwrap();
     let run = common::finished(&engine, run_id).await;
     assert_eq!(run.state, durastep::RunState::Completed, "{run:?}");
     worker.stop().await;
@@ -81,11 +86,20 @@ async fn step_spans_carry_run_function_attempt_and_step(_p: PgPoolOptions, opts:
     let spans = log.0.lock().unwrap().clone();
     let steps: Vec<&SeenSpan> =
         spans.values().filter(|s| matches!(s.name, "step" | "step_tx" | "sleep" | "wait" | "invoke")).collect();
-    let mut keys: Vec<(&str, &str)> = steps.iter().map(|s| (s.name, s.fields["step"].as_str())).collect();
+    let mut keys: Vec<(&str, &str)> =
+        steps.iter().map(|s| (s.name, s.fields.get("step").map_or("(no step field)", String::as_str))).collect();
     keys.sort_unstable();
     assert_eq!(
         keys,
-        [("sleep", "nap"), ("step", "fetch"), ("step", "fetch#2"), ("step", "spawned"), ("step_tx", "log")]
+        [
+            ("sleep", "nap"),
+            ("step", "fetch"),
+            ("step", "fetch#2"),
+            ("step", "spawned"),
+            ("step_tx", "log"),
+            ("wait", "approval"),
+            ("wait", "approval")
+        ]
     );
     for s in steps {
         // The span itself, then its parent: together run_id, function, attempt and step.
