@@ -234,3 +234,46 @@ async fn queue_depth_reflects_queued_runs(_p: PgPoolOptions, opts: PgConnectOpti
     common::wait_until("queue depth 0", || async { recorder.gauge(depth) == Some(0.0) }).await;
     worker.stop().await;
 }
+
+/// Catches: a reaped run not counted (or counted under the wrong outcome); a
+/// stale attempt whose checkpoint is fenced not counted as a lost lease, or a
+/// lost lease counted for the attempt that took the run over.
+#[sqlx::test(migrations = false)]
+async fn reaped_runs_and_lost_leases_are_counted(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let recorder = TestRecorder::default();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let h = Arc::new(common::Handoff::default());
+    let make = || {
+        let h = h.clone();
+        Function::new("m-fenced").on_event("go").retries(3).backoff(Backoff::Fixed(Duration::ZERO)).handler(
+            move |ctx: Ctx, _: ()| {
+                let h = h.clone();
+                async move {
+                    let attempt = ctx.attempt();
+                    let _dropped = h.drop_guard(attempt);
+                    ctx.step("hold", || async move {
+                        h.hold(attempt).await;
+                        Ok(attempt)
+                    })
+                    .await?;
+                    Ok(())
+                }
+            },
+        )
+    };
+    // Worker A's lease expires and is reaped; worker B runs attempt 2.
+    let (id, _engine_a, wa, engine, wb) = common::take_over(&opts, make, &h).await;
+    assert_eq!(recorder.counter("durastep_runs_reaped_total{outcome=queued}"), 1);
+    assert_eq!(recorder.counter("durastep_leases_lost_total{function=m-fenced}"), 0);
+    // A's step finishes; its checkpoint is fenced and A drops the handler.
+    common::release_stale(&h, wa).await;
+    assert_eq!(recorder.counter("durastep_leases_lost_total{function=m-fenced}"), 1);
+    h.b_gate.open();
+    let run = common::finished(&engine, id).await;
+    wb.stop().await;
+    assert_eq!(run.state, durastep::RunState::Completed, "{run:?}");
+    assert_eq!(recorder.counter("durastep_leases_lost_total{function=m-fenced}"), 1);
+    assert_eq!(recorder.counter("durastep_runs_started_total{function=m-fenced,kind=retry}"), 1);
+    assert_eq!(recorder.counter("durastep_runs_completed_total{function=m-fenced}"), 1);
+    assert_eq!(recorder.counter("durastep_runs_reaped_total{outcome=queued}"), 1);
+}
