@@ -102,7 +102,9 @@ async fn writer_task(
             }
         }
         let (writes, replies): (Vec<PendingWrite>, Vec<Reply>) = batch.drain(..).unzip();
+        let started = Instant::now();
         let result = flush_with_retry(&pool, &writes, config.retry_for).await;
+        crate::metrics::checkpoint_flushed(started.elapsed(), writes.len());
         match result {
             Ok(outcomes) => {
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {

@@ -63,6 +63,9 @@ struct Inner {
     /// database time now is at least `db_now + claimed_at.elapsed()`.
     db_now: DateTime<Utc>,
     claimed_at: Instant,
+    /// The attempt's `run` span: the parent of every step span, also of a step
+    /// whose future the handler spawned.
+    span: tracing::Span,
 }
 
 /// The context of one attempt of one run. Cheap to clone; hand it to closures.
@@ -100,6 +103,7 @@ pub(crate) struct CtxParts {
     pub keyring: Option<Arc<Keyring>>,
     pub db_now: DateTime<Utc>,
     pub claimed_at: Instant,
+    pub span: tracing::Span,
 }
 
 impl Ctx {
@@ -121,6 +125,7 @@ impl Ctx {
                 keyring: p.keyring,
                 db_now: p.db_now,
                 claimed_at: p.claimed_at,
+                span: p.span,
             }),
         }
     }
@@ -284,18 +289,20 @@ impl Ctx {
     {
         let key = self.next_key(name);
         let ctx = self.clone();
+        let name = name.to_owned();
         async move {
             let key = key?;
             if let Some(stored) = ctx.stored(&key) {
                 return stored;
             }
-            let span = tracing::debug_span!("step", step = %key);
+            let span = tracing::info_span!(parent: &ctx.inner.span, "step", step = %key, attempt = ctx.inner.attempt);
             async {
                 if ctx.inner.lost.is_cancelled() {
                     return ctx.stop(Signal::Fenced).await;
                 }
                 crate::failpoint!("step-before-body", Err(HandlerError::new("failpoint step-before-body")));
                 let started_at = ctx.db_time();
+                let timer = crate::metrics::StepTimer::start(&ctx.inner.function_id, &name);
                 let value = match f().await {
                     Ok(v) => v,
                     Err(e) => return ctx.stop(Signal::StepFailed(annotate(&key, e).at_step(&key))).await,
@@ -307,7 +314,11 @@ impl Ctx {
                         return ctx.stop(Signal::StepFailed(e.at_step(&key))).await;
                     }
                 };
-                match ctx.checkpoint(&key, json, started_at).await {
+                let stored = ctx.checkpoint(&key, json, started_at).await;
+                if stored.is_ok() {
+                    timer.finish();
+                }
+                match stored {
                     Ok(None) => Ok(value),
                     Ok(Some(stored)) => ctx.open(&key, stored),
                     Err(e) => ctx.stop(Signal::StepFailed(e.at_step(&key))).await,
@@ -352,6 +363,7 @@ impl Ctx {
         F: for<'c> FnOnce(&'c mut PgConnection) -> TxFuture<'c, T> + Send,
     {
         let ctx = self;
+        let span = tracing::info_span!(parent: &ctx.inner.span, "step_tx", step = %key, attempt = ctx.inner.attempt);
         async move {
             if let Some(stored) = ctx.stored(&key) {
                 return stored;
@@ -359,14 +371,19 @@ impl Ctx {
             if ctx.inner.lost.is_cancelled() {
                 return ctx.stop(Signal::Fenced).await;
             }
-            match ctx.run_step_tx(&key, f).await {
+            let timer = crate::metrics::StepTimer::start(&ctx.inner.function_id, name);
+            let outcome = ctx.run_step_tx(&key, f).await;
+            if matches!(outcome, Ok(TxOutcome::Committed(_) | TxOutcome::Adopted(_))) {
+                timer.finish();
+            }
+            match outcome {
                 Ok(TxOutcome::Committed(v)) => Ok(v),
                 Ok(TxOutcome::Adopted(stored)) => ctx.open(&key, stored),
                 Ok(TxOutcome::Fenced) => ctx.stop(Signal::Fenced).await,
                 Err(e) => ctx.stop(Signal::StepFailed(e.at_step(&key))).await,
             }
         }
-        .instrument(tracing::debug_span!("step_tx", step = name))
+        .instrument(span)
         .await
     }
 
@@ -484,6 +501,7 @@ impl Ctx {
         self.sleep_key(&key, at.with_timezone(&Utc)).await
     }
 
+    #[tracing::instrument(name = "sleep", parent = &self.inner.span, skip_all, fields(step = %key, attempt = self.inner.attempt))]
     async fn sleep_key(&self, key: &str, wake_at: DateTime<Utc>) -> HandlerResult<()> {
         let wake_at = match self.stored::<SleepRecord>(key) {
             Some(record) => record?.wake_at,
@@ -612,6 +630,7 @@ impl Ctx {
     /// }
     /// # Ok(()) }
     /// ```
+    #[tracing::instrument(name = "wait", parent = &self.inner.span, skip_all, fields(step, attempt = self.inner.attempt))]
     pub async fn wait_for_event<T: DeserializeOwned>(
         &self,
         name: &str,
@@ -620,6 +639,7 @@ impl Ctx {
         timeout: Duration,
     ) -> HandlerResult<Option<T>> {
         let key = self.next_key(name)?;
+        tracing::Span::current().record("step", key.as_str());
         if let Some(stored) = self.stored::<Value>(&key) {
             return wait_result(&key, stored?);
         }
@@ -746,6 +766,7 @@ impl Ctx {
     /// }
     /// # Ok(()) }
     /// ```
+    #[tracing::instrument(name = "invoke", parent = &self.inner.span, skip_all, fields(step, attempt = self.inner.attempt))]
     pub async fn invoke<I: Serialize + ?Sized, O: DeserializeOwned>(
         &self,
         name: &str,
@@ -754,6 +775,7 @@ impl Ctx {
         timeout: Duration,
     ) -> HandlerResult<Result<O, ChildError>> {
         let key = self.next_key(name)?;
+        tracing::Span::current().record("step", key.as_str());
         if let Some(stored) = self.stored::<Value>(&key) {
             return self.child_result(&key, stored?);
         }

@@ -100,6 +100,9 @@
 //! [`tokio_util::sync::CancellationToken`] is how a worker is told to shut down.
 //! The crate installs no tracing subscriber: its spans carry the run id,
 //! function, attempt and step, and your application decides where they go.
+//! Nor does it install a metrics recorder: the worker records through the
+//! `metrics` facade (names in [`metrics`]), a no-op until your application
+//! installs one.
 
 /// `failpoint!("name")`, or `failpoint!("name", expr)` to `return expr` on the
 /// `error` action. Expands to nothing without the `failpoints` feature.
@@ -135,6 +138,7 @@ pub mod flow;
 mod function;
 pub mod inspect;
 pub mod limits;
+pub mod metrics;
 mod schedule;
 mod store;
 pub mod testing;

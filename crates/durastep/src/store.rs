@@ -923,6 +923,19 @@ pub(crate) async fn next_due_in(pool: &PgPool, functions: &[String]) -> Result<O
     Ok(secs.map(|s| Duration::from_secs_f64(s.max(0.0))))
 }
 
+/// How many runs of each of these functions are due now and not running (the
+/// queue-depth gauge). Functions with none are absent.
+pub(crate) async fn count_due_runs(pool: &PgPool, functions: &[String]) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT function_id, count(*) FROM durastep.runs
+          WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now() AND function_id = ANY ($1)
+          GROUP BY function_id",
+    )
+    .bind(functions)
+    .fetch_all(pool)
+    .await
+}
+
 /// Extends the leases of the given (run, epoch) pairs; returns the runs still held.
 pub(crate) async fn extend_leases(
     pool: &PgPool,

@@ -23,6 +23,7 @@ use crate::engine::EngineInner;
 use crate::error::{Error, from_sqlx};
 use crate::failure::{HandlerError, HandlerResult};
 use crate::limits;
+use crate::metrics;
 use crate::store::{self, ClaimedRun, PendingWrite, WriteOutcome};
 
 /// How a worker runs; see [`crate::EngineBuilder::worker_options`].
@@ -88,6 +89,7 @@ struct Held {
     epoch: i64,
     lost: CancellationToken,
     last_extended: Instant,
+    function_id: String,
 }
 
 type HeldRuns = Arc<Mutex<HashMap<Uuid, Held>>>;
@@ -191,8 +193,13 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     continue;
                 };
                 let lost = CancellationToken::new();
-                lock(&held)
-                    .insert(run.id, Held { epoch: run.lease_epoch, lost: lost.clone(), last_extended: claim_sent });
+                let h = Held {
+                    epoch: run.lease_epoch,
+                    lost: lost.clone(),
+                    last_extended: claim_sent,
+                    function_id: run.function_id.clone(),
+                };
+                lock(&held).insert(run.id, h);
                 let (engine, held, writer, slot_freed) =
                     (engine.clone(), held.clone(), writer.clone(), slot_freed.clone());
                 executors.spawn(async move {
@@ -268,9 +275,11 @@ async fn claim_round(
     let round = tokio::spawn(async move {
         crate::failpoint!("claim-before-commit", Err("failpoint claim-before-commit".to_owned()));
         let lease = engine.worker.lease;
+        let sent = Instant::now();
         let (runs, moved) = store::claim_runnable(&engine.pool, &functions, want as i64, lease, worker_id)
             .await
             .map_err(|e| e.to_string())?;
+        metrics::claimed(sent.elapsed(), runs.len());
         if !runs.is_empty() {
             // The claim committed but its answer is lost: the runs stay claimed
             // until their leases expire and a reaper takes them back.
@@ -361,7 +370,8 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
     };
     let attempt = u32::try_from(run.attempt).unwrap_or(1);
     let span = tracing::info_span!("run", run_id = %run.id, function = %run.function_id, attempt);
-    let this = RunRef { id: run.id, lease_epoch: run.lease_epoch };
+    metrics::run_started(&run.function_id, attempt);
+    let this = RunRef { id: run.id, lease_epoch: run.lease_epoch, function_id: run.function_id.clone() };
     let (signal_tx, signal_rx) = oneshot::channel();
     let ctx = Ctx::new(CtxParts {
         run_id: run.id,
@@ -378,6 +388,7 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
         keyring: engine.keyring.clone(),
         db_now: run.db_now,
         claimed_at: Instant::now(),
+        span: span.clone(),
     });
     async move {
         // Aborted when dropped: if this executor is cancelled (shutdown), user code stops too.
@@ -394,11 +405,17 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
                 }
                 Ok(Signal::Suspended) => {
                     handle.abort();
+                    metrics::count(metrics::RUNS_SUSPENDED, &this.function_id);
                     tracing::debug!("run suspended");
                     Ending::Stopped
                 }
                 Ok(Signal::Fenced) => {
                     handle.abort();
+                    if !lost.is_cancelled() {
+                        // Cancelled here, so the heartbeat does not count this loss again.
+                        lost.cancel();
+                        metrics::count(metrics::LEASES_LOST, &this.function_id);
+                    }
                     tracing::warn!("attempt fenced: lease lost");
                     Ending::Stopped
                 }
@@ -446,7 +463,10 @@ async fn complete(engine: &EngineInner, run: &RunRef, writer: &Writer, output: s
         tracing::warn!("failpoint complete-before-commit: completion not stored; the lease will expire")
     );
     match writer.write(PendingWrite::Complete { run_id: run.id, epoch: run.lease_epoch, output: text }).await {
-        Ok(WriteOutcome::Stored) => tracing::debug!("run completed"),
+        Ok(WriteOutcome::Stored) => {
+            metrics::count(metrics::RUNS_COMPLETED, &run.function_id);
+            tracing::debug!("run completed");
+        }
         Ok(_) => tracing::warn!("completion fenced: lease lost"),
         Err(e) => tracing::warn!(error = %e, "completion not stored; the lease will expire and the run be retried"),
     }
@@ -456,6 +476,7 @@ async fn complete(engine: &EngineInner, run: &RunRef, writer: &Writer, output: s
 struct RunRef {
     id: Uuid,
     lease_epoch: i64,
+    function_id: String,
 }
 
 async fn fail(
@@ -484,8 +505,10 @@ async fn fail(
         match failed.await {
             Ok(Some(state)) => {
                 if state == "failed" {
+                    metrics::count(metrics::RUNS_FAILED, &run.function_id);
                     tracing::warn!(error = %e, "run failed");
                 } else {
+                    metrics::count(metrics::ATTEMPTS_FAILED, &run.function_id);
                     tracing::info!(error = %e, retry_in = ?delay, "attempt failed; will retry");
                 }
                 return;
@@ -555,7 +578,8 @@ async fn heartbeat_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: Cancella
                     if let Some(h) = held.get_mut(id).filter(|h| h.epoch == *epoch) {
                         if still.contains(id) {
                             h.last_extended = sent_at;
-                        } else {
+                        } else if !h.lost.is_cancelled() {
+                            metrics::count(metrics::LEASES_LOST, &h.function_id);
                             tracing::warn!(run_id = %id, "lease lost (fenced); dropping handler");
                             h.lost.cancel();
                         }
@@ -583,6 +607,7 @@ async fn own_clock_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: Cancella
             }
             let deadline = h.last_extended + limit;
             if deadline <= now {
+                metrics::count(metrics::LEASES_LOST, &h.function_id);
                 tracing::warn!(run_id = %id, "lease not extended in time by this worker's clock; dropping handler");
                 h.lost.cancel();
             } else {
@@ -609,6 +634,8 @@ async fn reaper_loop(engine: Arc<EngineInner>, stop: CancellationToken) {
         if let Err(e) = reap_once(&engine.control_pool).await {
             tracing::warn!(error = %e, "reaper failed");
         }
+        // On the reaper's timer: one cheap statement per interval, not one per claim.
+        sample_queue_depth(&engine).await;
     }
 }
 
@@ -643,9 +670,25 @@ pub(crate) async fn reap_once(pool: &sqlx::PgPool) -> Result<usize, Error> {
     );
     let reaped = store::reap_expired(pool, &seen).await.map_err(from_sqlx)?;
     for (id, state) in &reaped {
+        metrics::runs_reaped(state);
         tracing::warn!(run_id = %id, new_state = %state, "reaped run with expired lease");
     }
     Ok(reaped.len())
+}
+
+/// Sets the queue-depth gauge of each of this worker's functions (0 for a
+/// function with nothing due).
+async fn sample_queue_depth(engine: &EngineInner) {
+    let functions: Vec<String> = engine.functions.keys().cloned().collect();
+    match store::count_due_runs(&engine.control_pool, &functions).await {
+        Ok(due) => {
+            let due: HashMap<String, i64> = due.into_iter().collect();
+            for f in &functions {
+                metrics::queue_depth(f, due.get(f).copied().unwrap_or(0));
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "queue depth not sampled"),
+    }
 }
 
 /// LISTEN for wake-up hints; reconnects with backoff. Polling covers any gap.
