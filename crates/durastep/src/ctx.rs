@@ -587,8 +587,11 @@ impl EventMatch {
 /// What a wait stores for its step: the event that resumed it, or a timeout.
 #[derive(serde::Deserialize)]
 struct WaitRecord {
+    /// Present when an event resumed the wait (its data may be JSON `null`).
     #[serde(default)]
-    data: Option<Value>,
+    event_id: Option<Uuid>,
+    #[serde(default)]
+    data: Value,
     #[serde(default)]
     timed_out: bool,
 }
@@ -838,8 +841,8 @@ impl Ctx {
 
 fn wait_result<T: DeserializeOwned>(key: &str, stored: Value) -> HandlerResult<Option<T>> {
     let record: WaitRecord = decode(key, stored)?;
-    match (record.data, record.timed_out) {
-        (Some(data), _) => decode(key, data).map(Some),
+    match (record.event_id, record.timed_out) {
+        (Some(_), _) => decode(key, record.data).map(Some),
         (None, true) => Ok(None),
         (None, false) => {
             Err(HandlerError::permanent(format!("step {key}: stored wait result is neither an event nor a timeout")))

@@ -248,3 +248,22 @@ async fn spin(d: Duration) {
         tokio::task::yield_now().await;
     }
 }
+
+/// Catches: an event whose data is JSON `null` (`Event::new(name, &())`)
+/// mistaken for a stored wait with no event, which failed the run permanently.
+#[sqlx::test(migrations = false)]
+async fn an_event_with_null_data_resumes_the_wait(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let f = durastep::Function::new("pinged").on_event("start").handler(|ctx: durastep::Ctx, _: ()| async move {
+        let got: Option<()> =
+            ctx.wait_for_event("ping", "ping", durastep::EventMatch::any(), Duration::from_secs(600)).await?;
+        Ok(got.is_some())
+    });
+    let engine = common::engine(&opts, vec![f]).await;
+    let id = engine.send(Event::new("start", &())).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    waiting(&engine, id).await;
+    engine.send(Event::new("ping", &())).await.unwrap();
+    let run = common::finished(&engine, id).await;
+    w.stop().await;
+    assert_eq!((run.state, run.output), (RunState::Completed, Some(json!(true))), "{:?}", run.last_error);
+}

@@ -50,7 +50,7 @@ pub async fn serve(engine: &Engine, args: crate::cli::ServeArgs, _out: &mut Out)
         stop.cancel();
     });
     // Refused settings (a non-loopback address without a token) fail before anything is printed.
-    durastep_dashboard::router(engine.clone(), &config)?;
+    let _validated = durastep_dashboard::router(engine.clone(), &config)?;
     // Printed at once (not buffered like other output): the server runs until Ctrl-C.
     println!("starting the dashboard on http://{}/ (Ctrl-C stops it)", args.addr);
     durastep_dashboard::serve(engine.clone(), config, shutdown).await?;
