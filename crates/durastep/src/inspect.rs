@@ -235,11 +235,7 @@ impl RunFilter {
     }
 
     fn page_size(&self) -> Result<i64, Error> {
-        match self.limit.unwrap_or(50) {
-            0 => Err(Error::InvalidFilter("limit must be at least 1".into())),
-            n if n > MAX_PAGE => Err(Error::InvalidFilter(format!("limit {n} is over the maximum of {MAX_PAGE}"))),
-            n => Ok(i64::from(n)),
-        }
+        page_size(self.limit)
     }
 
     fn path(&self) -> Result<Option<Vec<String>>, Error> {
@@ -249,6 +245,15 @@ impl RunFilter {
                 .map(Some)
                 .map_err(|reason| Error::InvalidFilter(format!("bad key path {pointer:?}: {reason}"))),
         }
+    }
+}
+
+/// A listing's page size: 50 unless given, 1 to [`MAX_PAGE`].
+fn page_size(limit: Option<u32>) -> Result<i64, Error> {
+    match limit.unwrap_or(50) {
+        0 => Err(Error::InvalidFilter("limit must be at least 1".into())),
+        n if n > MAX_PAGE => Err(Error::InvalidFilter(format!("limit {n} is over the maximum of {MAX_PAGE}"))),
+        n => Ok(i64::from(n)),
     }
 }
 
@@ -1054,13 +1059,7 @@ impl Inspector {
     /// # let _ = page; Ok(()) }
     /// ```
     pub async fn events(&self, filter: &EventFilter) -> Result<EventPage, Error> {
-        let limit = match filter.limit.unwrap_or(50) {
-            0 => return Err(Error::InvalidFilter("limit must be at least 1".into())),
-            n if n > MAX_PAGE => {
-                return Err(Error::InvalidFilter(format!("limit {n} is over the maximum of {MAX_PAGE}")));
-            }
-            n => i64::from(n),
-        };
+        let limit = page_size(filter.limit)?;
         let before = filter.after.map(|c| (c.created_at, c.id));
         let mut rows =
             sql::list_events(&self.pool, filter.name.as_deref(), before, limit + 1).await.map_err(from_sqlx)?;
