@@ -4,23 +4,17 @@
 //! `migrate` command does), so running it cannot change the schema or the
 //! function registry by accident.
 
-use std::time::Duration;
-
 use durastep::Engine;
-use sqlx::Connection;
-use sqlx::postgres::{PgConnectOptions, PgConnection};
 
 use crate::error::CliError;
 
 /// Connections the CLI needs: one command at a time, a few parallel reads.
 const MAX_CONNECTIONS: u32 = 4;
 
-/// How long the first connection may take before the database counts as unreachable.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// Builds an engine with no functions; migrates only when `migrate` is true.
 pub async fn engine(url: &str, migrate: bool) -> Result<Engine, CliError> {
-    probe(url).await?;
+    // The builder opens one plain connection first, so a refused or unknown
+    // host fails at once with its own cause (mapped to exit code 2 by `at`).
     Engine::builder()
         .database_url(url)
         .max_connections(MAX_CONNECTIONS)
@@ -28,24 +22,6 @@ pub async fn engine(url: &str, migrate: bool) -> Result<Engine, CliError> {
         .build()
         .await
         .map_err(|e| CliError::from(e).at(&redact(url)))
-}
-
-/// Opens (and closes) one connection first. A pool retries a refused
-/// connection until its acquire timeout and then reports only "pool timed
-/// out"; one plain connection fails at once and says why (refused, unknown
-/// host, authentication failed).
-async fn probe(url: &str) -> Result<(), CliError> {
-    let shown = redact(url);
-    let options: PgConnectOptions =
-        url.parse().map_err(|e: sqlx::Error| CliError::InvalidUrl { url: shown.clone(), reason: e.to_string() })?;
-    let unreachable = |reason: String| CliError::Unreachable { url: shown.clone(), reason };
-    let conn = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
-        .await
-        .map_err(|_| unreachable(format!("no answer within {}s", CONNECT_TIMEOUT.as_secs())))?
-        .map_err(|e| unreachable(e.to_string()))?;
-    // A failed close is the server's business; the connection is dropped either way.
-    let _ = conn.close().await;
-    Ok(())
 }
 
 /// The URL with its password (in the userinfo or a `password=` parameter)

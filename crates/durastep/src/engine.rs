@@ -527,7 +527,10 @@ impl EngineBuilder {
                 use sqlx::Connection;
                 let probe = tokio::time::timeout(Duration::from_secs(10), PgConnection::connect_with(&options))
                     .await
-                    .map_err(|_| Error::Unavailable(sqlx::Error::PoolTimedOut))?
+                    .map_err(|_| {
+                        let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 10 s");
+                        Error::Unavailable(sqlx::Error::Io(e))
+                    })?
                     .map_err(Error::Unavailable)?;
                 let _ = probe.close().await;
                 let pool = PgPoolOptions::new()
