@@ -480,6 +480,27 @@ pub enum AttemptOutcome {
     Released,
 }
 
+impl AttemptOutcome {
+    /// Its name, as in JSON (`completed`, `lease_lost`, ...).
+    ///
+    /// ```
+    /// assert_eq!(durastep::inspect::AttemptOutcome::LeaseLost.as_str(), "lease_lost");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Running => "running",
+            AttemptOutcome::Completed => "completed",
+            AttemptOutcome::Retried => "retried",
+            AttemptOutcome::Failed => "failed",
+            AttemptOutcome::LeaseLost => "lease_lost",
+            AttemptOutcome::Slept => "slept",
+            AttemptOutcome::Waited => "waited",
+            AttemptOutcome::Cancelled => "cancelled",
+            AttemptOutcome::Released => "released",
+        }
+    }
+}
+
 /// One execution of a run: from a claim to the next state change.
 ///
 /// ```no_run
@@ -1397,4 +1418,37 @@ fn replay_error(e: sqlx::Error, run_id: Uuid) -> Error {
         };
     }
     from_sqlx(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names people and scripts see agree: `as_str` is the JSON name.
+    #[test]
+    fn names_match_their_json() {
+        use AttemptOutcome as A;
+        for o in [
+            A::Running,
+            A::Completed,
+            A::Retried,
+            A::Failed,
+            A::LeaseLost,
+            A::Slept,
+            A::Waited,
+            A::Cancelled,
+            A::Released,
+        ] {
+            assert_eq!(serde_json::to_value(o).unwrap(), o.as_str());
+        }
+        for k in
+            [BlockerKind::Concurrency, BlockerKind::WaitForEvent, BlockerKind::RetryBackoff, BlockerKind::RateLimit]
+        {
+            assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
+            assert_eq!(BlockerKind::parse(k.as_str()), k);
+        }
+        for s in RunState::ALL {
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+        }
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::response::Html;
-use chrono::{DurationRound, TimeDelta, Utc};
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use durastep::RunState;
 use durastep::inspect::{Blocker, MinuteCount, RunFilter, StateCount};
 
@@ -23,7 +23,8 @@ const BLOCKER_SAMPLE: u32 = 1_000;
 pub(crate) async fn show(State(app): State<App>) -> PageResult {
     let inspector = app.engine.inspect();
     let failures = RunFilter::new().state(RunState::Failed).limit(10);
-    let (counts, minutes, blockers, failed) = tokio::try_join!(
+    let (now, counts, minutes, blockers, failed) = tokio::try_join!(
+        inspector.db_now(),
         inspector.counts(),
         inspector.per_minute(Duration::from_secs(3600)),
         inspector.blockers(None, BLOCKER_SAMPLE),
@@ -31,7 +32,7 @@ pub(crate) async fn show(State(app): State<App>) -> PageResult {
     )?;
     let mut body = String::from("<h1>Overview</h1>");
     counts_table(&mut body, &counts);
-    chart(&mut body, &minutes);
+    chart(&mut body, &minutes, now);
     blocker_summary(&mut body, &blockers);
     body.push_str("<h2>Latest failures</h2>");
     if failed.runs.is_empty() {
@@ -104,11 +105,10 @@ fn count_cell(out: &mut String, function: Option<&str>, state: RunState, n: i64)
     let _ = write!(out, "<td class=\"n\"><a href=\"/runs{}\">{n}</a></td>", esc(&link));
 }
 
-/// Sixty one-minute bars ending at the latest minute (the database clock may
-/// run ahead of this process's, in tests).
-fn chart(out: &mut String, minutes: &[MinuteCount]) {
-    let now = Utc::now().duration_trunc(TimeDelta::minutes(1)).unwrap_or_else(|_| Utc::now());
-    let end = minutes.iter().map(|m| m.minute).max().map_or(now, |last| last.max(now));
+/// Sixty one-minute bars ending at the current minute of the database clock
+/// (the clock the counts are bucketed by).
+fn chart(out: &mut String, minutes: &[MinuteCount], db_now: DateTime<Utc>) {
+    let end = db_now.duration_trunc(TimeDelta::minutes(1)).unwrap_or(db_now);
     let (created, completed, failed) =
         minutes.iter().fold((0, 0, 0), |(a, b, c), m| (a + m.created, b + m.completed, c + m.failed));
     let _ = write!(

@@ -246,7 +246,7 @@ fn executions(out: &mut String, d: &RunDetail) {
     );
     for a in &d.attempts {
         let took = a.ended_at.and_then(|e| (e - a.started_at).to_std().ok()).map_or_else(|| "–".into(), html::duration);
-        let outcome = serde_json::to_value(a.outcome).ok().and_then(|v| v.as_str().map(str::to_owned));
+        let outcome = a.outcome.as_str();
         let _ = write!(
             out,
             "<tr><td class=\"n\">{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{took}</td><td>{}</td>\
@@ -255,7 +255,7 @@ fn executions(out: &mut String, d: &RunDetail) {
             a.worker_id.map_or_else(|| "–".into(), |w| w.to_string()),
             html::time(a.started_at),
             html::opt_time(a.ended_at),
-            esc(outcome.as_deref().unwrap_or("?")),
+            esc(outcome),
             esc(a.failed_step.as_deref().unwrap_or("")),
             esc(a.error.as_deref().unwrap_or("")),
         );

@@ -56,10 +56,8 @@ impl ListQuery {
             f = f.function(function);
         }
         if let Some(state) = text(&self.state) {
-            let s = RunState::ALL
-                .into_iter()
-                .find(|s| s.as_str() == state)
-                .ok_or_else(|| PageError::BadRequest(format!("no run state is called {state:?}")))?;
+            let s: RunState =
+                state.parse().map_err(|_| PageError::BadRequest(format!("no run state is called {state:?}")))?;
             f = f.state(s);
         }
         if let Some(key) = text(&self.key) {
