@@ -1004,6 +1004,18 @@ impl Inspector {
     /// # Ok(()) }
     /// ```
     pub async fn why(&self, id: Uuid) -> Result<Why, Error> {
+        // The run and its blocker are two reads; a run that changed state in
+        // between is read again (a few times at most, then shown as it is).
+        for _ in 0..3 {
+            if let Some(why) = self.why_once(id).await? {
+                return Ok(why);
+            }
+        }
+        let run = store::load_run(&self.pool, id).await.map_err(from_sqlx)?.ok_or(Error::UnknownRun(id))?;
+        Ok(Why::Running { attempt: run.attempt, worker_id: None })
+    }
+
+    async fn why_once(&self, id: Uuid) -> Result<Option<Why>, Error> {
         let run = store::load_run(&self.pool, id).await.map_err(from_sqlx)?.ok_or(Error::UnknownRun(id))?;
         let state = RunState::parse(&run.state);
         if state.is_finished() {
@@ -1012,19 +1024,15 @@ impl Inspector {
                 RunState::Cancelled => run.cancel_reason,
                 _ => run.last_error,
             };
-            return Ok(Why::Finished { state, reason });
+            return Ok(Some(Why::Finished { state, reason }));
         }
         if state == RunState::Running {
             let history = sql::load_history(&self.pool, id).await.map_err(from_sqlx)?;
             let worker_id = history.iter().rev().find(|h| h.state == "running").and_then(|h| h.worker_id);
-            return Ok(Why::Running { attempt: run.attempt, worker_id });
+            return Ok(Some(Why::Running { attempt: run.attempt, worker_id }));
         }
         let rows = sql::blockers(&self.pool, Some(id), None, 1).await.map_err(from_sqlx)?;
-        match rows.into_iter().next() {
-            Some(b) => Ok(Why::Blocked(blocker_of(b))),
-            // Changed state between the two reads: ask again.
-            None => Box::pin(self.why(id)).await,
-        }
+        Ok(rows.into_iter().next().map(|b| Why::Blocked(blocker_of(b))))
     }
 
     /// What holds the runs that are not running (of one function, or all), the
