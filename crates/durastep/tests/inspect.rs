@@ -421,3 +421,31 @@ async fn history_records_reaper_cancel_and_replay_paths(_p: PgPoolOptions, opts:
     let states: Vec<RunState> = engine.inspect().run(other).await.unwrap().history.iter().map(|h| h.state).collect();
     assert_eq!(states, [RunState::Cancelled, RunState::Queued]);
 }
+
+/// Catches: pruning a finished child run while its parent has not finished
+/// (G32), or keeping it once the parent is gone too.
+#[sqlx::test(migrations = false)]
+async fn prune_keeps_the_children_of_unfinished_parents(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let child = Function::new("child").on_event("child/go").handler(|_: Ctx, _: Value| async move { Ok(7) });
+    let parent = Function::new("parent").on_event("parent/go").handler(|ctx: Ctx, _: Value| async move {
+        let got: Result<i32, durastep::ChildError> =
+            ctx.invoke("call", "child", &json!({}), Duration::from_secs(600)).await?;
+        let _ = got;
+        ctx.sleep("after", Duration::from_secs(10 * 86_400)).await?;
+        Ok(())
+    });
+    let engine = common::engine(&opts, vec![child, parent]).await;
+    let id = engine.send(Event::new("parent/go", &json!({}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    common::wait_for_run_where(&engine, id, "parent sleeping", |r| r.state == RunState::Sleeping).await;
+    w.stop().await;
+    let kid = engine.inspect().run(id).await.unwrap().children[0].clone();
+    assert_eq!(kid.state, RunState::Completed);
+    durastep::testing::advance_clock(&engine, Duration::from_secs(2 * 86_400)).await.unwrap();
+    assert_eq!(engine.prune(Duration::from_secs(86_400)).await.unwrap().runs, 0);
+    assert_eq!(engine.run(kid.id).await.unwrap().state, RunState::Completed);
+    // The parent finishes (cancelled here) and ages: then both go.
+    engine.cancel(id, "done with it").await.unwrap();
+    durastep::testing::advance_clock(&engine, Duration::from_secs(2 * 86_400)).await.unwrap();
+    assert_eq!(engine.prune(Duration::from_secs(86_400)).await.unwrap().runs, 2);
+}

@@ -79,7 +79,10 @@ async fn an_unreachable_database_fails_the_build_at_once_with_its_cause() {
 /// Catches: engines that start at once on a fresh database racing each other's
 /// migrations (docs/operations.md promises concurrent starts are safe).
 #[sqlx::test(migrations = false)]
-async fn engines_starting_at_once_migrate_once(_p: sqlx::postgres::PgPoolOptions, opts: sqlx::postgres::PgConnectOptions) {
+async fn engines_starting_at_once_migrate_once(
+    _p: sqlx::postgres::PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
     let url = common::url_of(&opts);
     let builds = (0..6).map(|_| {
         let url = url.clone();
@@ -89,7 +92,8 @@ async fn engines_starting_at_once_migrate_once(_p: sqlx::postgres::PgPoolOptions
         b.await.unwrap().expect("every concurrent build succeeds");
     }
     let engine = common::engine(&opts, vec![]).await;
-    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM durastep._migrations").fetch_one(engine.pool()).await.unwrap();
+    let applied: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM durastep._migrations").fetch_one(engine.pool()).await.unwrap();
     let shipped = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations")).unwrap().count() as i64;
     assert_eq!(applied, shipped);
 }
