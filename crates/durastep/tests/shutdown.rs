@@ -117,4 +117,9 @@ async fn attempt_past_the_grace_is_released_and_finished_elsewhere(_p: PgPoolOpt
     assert_eq!(before.load(Ordering::SeqCst), 1, "the step finished before the shutdown ran again");
     assert_eq!(after.load(Ordering::SeqCst), 1);
     assert_eq!(entries.load(Ordering::SeqCst), 2);
+    // G30: the release is in the history, without an error.
+    let d = engine.inspect().run(id).await.unwrap();
+    let outcomes: Vec<_> = d.attempts.iter().map(|a| (a.attempt, a.outcome, a.error.clone())).collect();
+    use durastep::inspect::AttemptOutcome::{Completed, Released};
+    assert_eq!(outcomes, [(1, Released, None), (1, Completed, None)]);
 }
