@@ -315,17 +315,18 @@ pub(crate) async fn replay(
                     deadline_at = CASE WHEN ok.finish_timeout_secs IS NULL THEN NULL
                                        ELSE durastep.now() + make_interval(secs => ok.finish_timeout_secs) END
                FROM ok WHERE r.id = ok.id
-             RETURNING r.id),
-         n AS (SELECT pg_notify('durastep_wakeup', '') FROM (SELECT 1 FROM u LIMIT 1) x)
+             RETURNING r.id)
          SELECT i.id, l.state, (u.id IS NOT NULL) AS replayed
            FROM unnest($1::uuid[]) AS i(id)
-           LEFT JOIN l ON l.id = i.id LEFT JOIN u ON u.id = i.id
-          WHERE (SELECT count(*) FROM n) >= 0",
+           LEFT JOIN l ON l.id = i.id LEFT JOIN u ON u.id = i.id",
     )
     .bind(ids)
     .bind(from_start)
     .fetch_all(pool)
     .await?;
+    if rows.iter().any(|r| r.2) {
+        super::notify_workers(pool).await?;
+    }
     Ok(rows
         .into_iter()
         .map(|(id, state, replayed)| {
