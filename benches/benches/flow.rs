@@ -30,14 +30,16 @@ fn config(name: &str) -> Function {
     let f = Function::new(&id).on_event(format!("bench/{id}"));
     let f = match name {
         "off" | "off-without-release-trigger" => f,
-        "concurrency" => f.concurrency(100_000, Some("/k")),
-        "concurrency-shared" => f.concurrency_shared("bench-shared", 100_000, None),
-        "two-concurrency" => f.concurrency(100_000, Some("/k")).concurrency(100_000, None),
-        "throttle" => f.throttle(1_000_000, Duration::from_secs(1), 1_000, Some("/k")),
+        "concurrency" => f.concurrency(durastep::Concurrency::new(100_000).key("/k")),
+        "concurrency-shared" => f.concurrency(durastep::Concurrency::new(100_000).shared("bench-shared")),
+        "two-concurrency" => f
+            .concurrency(durastep::Concurrency::new(100_000).key("/k"))
+            .concurrency(durastep::Concurrency::new(100_000)),
+        "throttle" => f.throttle(durastep::Throttle::new(1_000_000, Duration::from_secs(1)).burst(1_000).key("/k")),
         // GCRA without burst starts one run per key per instant: one key per run keeps it from binding.
-        "rate-limit" => f.rate_limit(1_000_000, Duration::from_secs(1), Some("/n")),
-        "backpressure" => f.backpressure(Some("/k")),
-        "concurrency-binding" => f.concurrency(4, Some("/k")),
+        "rate-limit" => f.rate_limit(durastep::RateLimit::new(1_000_000, Duration::from_secs(1)).key("/n")),
+        "backpressure" => f.backpressure(durastep::Backpressure::new().key("/k")),
+        "concurrency-binding" => f.concurrency(durastep::Concurrency::new(4).key("/k")),
         other => panic!("unknown config {other}"),
     };
     f.handler(|_ctx, _e: Value| async { Ok(()) })

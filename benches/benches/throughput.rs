@@ -8,11 +8,21 @@
 //!    commit; SKIP LOCKED claim rows/s at 32 per round trip and one at a time.
 //! 2. 10,000 runs of 10 no-op steps with 16 and 256 runs in flight in total,
 //!    in 1 and in 4 worker processes (`bench-worker`), all enqueued first.
-//! 3. 20,000 no-op single-step runs enqueued, then drained.
+//! 3. 20,000 no-op single-step runs enqueued, then drained by 1, 2, 4 and 8
+//!    worker processes; then by 1 process again with the run-history trigger
+//!    off, for what the history costs.
+//!
+//! Besides its tables it prints one `RESULT metric=... value=... ratio=...`
+//! line per figure: `steps_16_inflight` and `steps_256_inflight` (1 process;
+//! ratios to single-row and 256-row group commits), `drain_runs_per_s` (1
+//! process; ratio to the raw claim of 32 rows per round trip), `scale_4_procs`
+//! (4-process drain / 1-process drain) and `history_cost` (drain with history /
+//! without).
 //!
 //! Knobs (environment): `BENCH_WRITERS` (group-commit writer tasks per worker,
 //! default the engine's), `BENCH_POOL` (pool per worker process, default 10),
-//! `BENCH_CLAIM_BATCH`, `BENCH_ONLY` (`raw`, `matrix` or `drain`),
+//! `BENCH_CLAIM_BATCH`, `BENCH_ONLY` (`raw`, `matrix` or `drain`; `fk` runs
+//! only the cost of the step tables' foreign keys, with and without them),
 //! `BENCH_HISTORY=off` (disables the `runs_history` trigger, to measure what the
 //! run history costs; never do this in production).
 
@@ -23,7 +33,7 @@ use durastep_benches::db::{BenchDb, wait_for_count};
 use durastep_benches::functions::{self, NOOP1, NOOP10};
 use durastep_benches::process::{WorkerConfig, WorkerProcess};
 use durastep_benches::raw;
-use durastep_benches::report::{Table, ratio, thousands, verdict};
+use durastep_benches::report::{Table, ratio, result, thousands, verdict};
 use sqlx::PgPool;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_bench-worker");
@@ -82,7 +92,7 @@ fn unix_now() -> f64 {
 /// Postgres share this machine's clock).
 async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs: usize, in_flight: usize) -> Cell {
     let pool = engine.pool();
-    sqlx::query("TRUNCATE durastep.events, durastep.runs, durastep.step_results CASCADE")
+    sqlx::query("TRUNCATE durastep.events, durastep.runs, durastep.step_results, durastep.step_journal CASCADE")
         .execute(pool)
         .await
         .expect("reset");
@@ -90,7 +100,8 @@ async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs
         in_flight: in_flight / procs,
         writers: env_usize("BENCH_WRITERS").unwrap_or(WorkerConfig::default().writers),
         claim_batch: env_usize("BENCH_CLAIM_BATCH").unwrap_or(WorkerConfig::default().claim_batch),
-        pool: env_usize("BENCH_POOL").map_or(10, |p| p as u32),
+        // 8 processes of 10 + 3 control connections would pass the default max_connections of 100.
+        pool: env_usize("BENCH_POOL").map_or((48 / procs).clamp(4, 10) as u32, |p| p as u32),
         listen: true,
     };
     let mut workers = Vec::new();
@@ -126,6 +137,32 @@ async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs
     Cell { enqueue, elapsed: Duration::from_secs_f64((last - t0).max(1e-6)) }
 }
 
+/// Turns the run-history trigger on or off (benches only: never in production).
+/// Puts back (`on`) or drops the foreign keys of `step_results` and
+/// `step_journal` on `runs` that migration 0016 removed: what they cost per
+/// checkpoint, measured in the same run.
+async fn set_step_fks(pool: &PgPool, on: bool) {
+    let sql = if on {
+        "ALTER TABLE durastep.step_results ADD CONSTRAINT bench_step_results_run_fk
+             FOREIGN KEY (run_id) REFERENCES durastep.runs (id) ON DELETE CASCADE;
+         ALTER TABLE durastep.step_journal ADD CONSTRAINT bench_step_journal_run_fk
+             FOREIGN KEY (run_id) REFERENCES durastep.runs (id) ON DELETE CASCADE"
+    } else {
+        "ALTER TABLE durastep.step_results DROP CONSTRAINT IF EXISTS bench_step_results_run_fk;
+         ALTER TABLE durastep.step_journal DROP CONSTRAINT IF EXISTS bench_step_journal_run_fk"
+    };
+    sqlx::raw_sql(sql).execute(pool).await.expect("switch the step foreign keys");
+}
+
+async fn set_history(pool: &PgPool, on: bool) {
+    let sql = if on {
+        "ALTER TABLE durastep.runs ENABLE TRIGGER runs_history"
+    } else {
+        "ALTER TABLE durastep.runs DISABLE TRIGGER runs_history"
+    };
+    sqlx::query(sql).execute(pool).await.expect("switch the history trigger");
+}
+
 #[tokio::main]
 async fn main() {
     let db = BenchDb::create("throughput").await;
@@ -140,11 +177,9 @@ async fn main() {
         builder = builder.function(f);
     }
     let engine = builder.build().await.expect("build engine");
-    if std::env::var("BENCH_HISTORY").is_ok_and(|v| v == "off") {
-        sqlx::query("ALTER TABLE durastep.runs DISABLE TRIGGER runs_history")
-            .execute(&pool)
-            .await
-            .expect("disable the history trigger");
+    let history_off = std::env::var("BENCH_HISTORY").is_ok_and(|v| v == "off");
+    if history_off {
+        set_history(&pool, false).await;
         println!("(run history trigger disabled: BENCH_HISTORY=off)");
     }
 
@@ -164,6 +199,9 @@ async fn main() {
                 } else {
                     (raw.group256, "group commit (256)", 0.3)
                 };
+                if procs == 1 {
+                    result(&format!("steps_{in_flight}_inflight"), steps_s, Some(steps_s / base));
+                }
                 t.row(vec![
                     in_flight.to_string(),
                     procs.to_string(),
@@ -183,6 +221,41 @@ async fn main() {
         t.print();
     }
 
+    // What the step tables' foreign keys cost (migration 0016 dropped them):
+    // 10-step runs, 1 process, with and without them, interleaved twice.
+    if std::env::var("BENCH_ONLY").is_ok_and(|o| o == "fk") {
+        let runs = 5_000;
+        let mut t = Table::new(
+            "What the step tables' foreign keys cost (5,000 runs of 10 no-op steps, 1 process)",
+            &["runs in flight", "foreign keys", "steps/s (two passes)", "without / with"],
+        );
+        for in_flight in [16, 256] {
+            let mut with = Vec::new();
+            let mut without = Vec::new();
+            for _ in 0..2 {
+                for on in [true, false] {
+                    set_step_fks(&pool, on).await;
+                    let cell = run_cell(&db, &engine, NOOP10, runs, 1, in_flight).await;
+                    let steps_s = runs as f64 * 10.0 / cell.elapsed.as_secs_f64();
+                    if on { with.push(steps_s) } else { without.push(steps_s) }
+                }
+            }
+            set_step_fks(&pool, false).await;
+            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+            let (w, wo) = (mean(&with), mean(&without));
+            result(&format!("fk_cost_{in_flight}_inflight"), wo / w, Some(wo / w));
+            for (label, v) in [("on (before 0016)", &with), ("off", &without)] {
+                t.row(vec![
+                    in_flight.to_string(),
+                    label.into(),
+                    v.iter().map(|x| thousands(*x)).collect::<Vec<_>>().join(", "),
+                    ratio(wo, w),
+                ]);
+            }
+        }
+        t.print();
+    }
+
     if runs_section("drain") {
         let runs = 20_000;
         let mut t = Table::new(
@@ -197,20 +270,52 @@ async fn main() {
                 "verdict",
             ],
         );
-        for (procs, in_flight) in [(1, 256), (4, 256)] {
+        let mut by_procs = Vec::new();
+        for procs in [1, 2, 4, 8] {
+            let in_flight = 256;
             let cell = run_cell(&db, &engine, NOOP1, runs, procs, in_flight).await;
             let runs_s = runs as f64 / cell.elapsed.as_secs_f64();
+            by_procs.push((procs, runs_s));
             t.row(vec![
                 in_flight.to_string(),
                 procs.to_string(),
                 thousands(runs as f64 / cell.enqueue.as_secs_f64()),
                 thousands(runs_s),
                 ratio(runs_s, raw.claim32),
-                ">= 10,000".into(),
-                verdict(runs_s >= 10_000.0),
+                ">= 20,000 and >= 0.3x".into(),
+                verdict(runs_s >= 20_000.0 && runs_s >= 0.3 * raw.claim32),
             ]);
         }
         t.print();
+        let one = by_procs[0].1;
+        result("drain_runs_per_s", one, Some(one / raw.claim32));
+        let four = by_procs.iter().find(|(p, _)| *p == 4).map_or(0.0, |(_, r)| *r);
+        result("scale_4_procs", four / one, Some(four / one));
+        for (procs, runs_s) in &by_procs {
+            eprintln!("drain procs={procs}: {runs_s:.0} runs/s ({:.2}x of 1 process)", runs_s / one);
+        }
+
+        // What the run history costs: the same 1-process drain with its trigger off.
+        if !history_off {
+            set_history(&pool, false).await;
+            let cell = run_cell(&db, &engine, NOOP1, runs, 1, 256).await;
+            set_history(&pool, true).await;
+            let without = runs as f64 / cell.elapsed.as_secs_f64();
+            let mut h = Table::new(
+                "What the run history costs (1 process, 256 in flight, single-step runs)",
+                &["history", "runs/s", "with / without", "target", "verdict"],
+            );
+            h.row(vec![
+                "on".into(),
+                thousands(one),
+                ratio(one, without),
+                ">= 0.97x".into(),
+                verdict(one >= 0.97 * without),
+            ]);
+            h.row(vec!["off".into(), thousands(without), "".into(), "".into(), "".into()]);
+            h.print();
+            result("history_cost", one / without, Some(one / without));
+        }
     }
     let _ = (raw.group16, raw.claim1);
 

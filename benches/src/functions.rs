@@ -12,6 +12,35 @@ pub const NOOP10: &str = "bench/noop10";
 pub const NOOP1: &str = "bench/noop1";
 /// Event that starts one run that sleeps for an hour after one step.
 pub const SLEEP: &str = "bench/sleep";
+/// Event that starts one run of [`first_step`].
+pub const FIRST: &str = "bench/first";
+/// The step key of [`first_step`]'s one step.
+pub const FIRST_STEP: &str = "first";
+
+/// The wall clock in microseconds since 1970 (the bench and its worker
+/// processes share this machine's clock).
+///
+/// ```
+/// assert!(durastep_benches::functions::unix_micros() > 1_700_000_000_000_000);
+/// ```
+pub fn unix_micros() -> i64 {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock after 1970");
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// A function of one step that returns when its body started
+/// ([`unix_micros`]): the wake-up latency bench reads it from the step's
+/// stored result, also when the run ran in another process.
+///
+/// ```
+/// assert_eq!(durastep_benches::functions::first_step().id(), "first-step");
+/// ```
+pub fn first_step() -> Function {
+    Function::new("first-step").on_event(FIRST).handler(|ctx: Ctx, _: serde_json::Value| async move {
+        ctx.step(FIRST_STEP, || async { Ok(unix_micros()) }).await?;
+        Ok(())
+    })
+}
 
 /// A function of `steps` no-op steps (each one checkpointed), triggered by `event`.
 ///
@@ -43,8 +72,8 @@ pub fn sleeper() -> Function {
 /// Every function a bench worker process registers.
 ///
 /// ```
-/// assert_eq!(durastep_benches::functions::all().len(), 3);
+/// assert_eq!(durastep_benches::functions::all().len(), 4);
 /// ```
 pub fn all() -> Vec<Function> {
-    vec![noop("noop10", NOOP10, 10), noop("noop1", NOOP1, 1), sleeper()]
+    vec![noop("noop10", NOOP10, 10), noop("noop1", NOOP1, 1), sleeper(), first_step()]
 }

@@ -120,3 +120,24 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
 pub fn verdict(met: bool) -> String {
     if met { "met".to_owned() } else { "**missed**".to_owned() }
 }
+
+/// The machine-readable line of one figure: `RESULT metric=<name> value=<v>
+/// ratio=<r>` (`ratio=` left out for a figure that has none), for scripts
+/// that compare runs. Printed to stdout beside the tables.
+///
+/// ```
+/// use durastep_benches::report::result_line;
+/// assert_eq!(result_line("drain_runs_per_s", 9000.0, Some(0.25)), "RESULT metric=drain_runs_per_s value=9000.000 ratio=0.250");
+/// assert_eq!(result_line("send_round_trips", 1.0, None), "RESULT metric=send_round_trips value=1.000");
+/// ```
+pub fn result_line(metric: &str, value: f64, ratio: Option<f64>) -> String {
+    match ratio {
+        Some(r) => format!("RESULT metric={metric} value={value:.3} ratio={r:.3}"),
+        None => format!("RESULT metric={metric} value={value:.3}"),
+    }
+}
+
+/// Prints [`result_line`].
+pub fn result(metric: &str, value: f64, ratio: Option<f64>) {
+    println!("{}", result_line(metric, value, ratio));
+}

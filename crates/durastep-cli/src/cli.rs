@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
 use durastep::RunState;
 use durastep::inspect::Cursor;
@@ -19,9 +18,15 @@ use crate::parse;
 #[derive(Debug, Parser)]
 #[command(name = "durastep", version, about, max_term_width = 100)]
 pub struct Cli {
-    /// The Postgres to use (the password is never printed).
+    /// The Postgres to use (the password is never printed)
+    /// [default: postgres://postgres@127.0.0.1:5432/postgres]. Prefer the
+    /// DATABASE_URL variable or --database-url-file: a URL on the command line
+    /// is visible to other local users in `ps`.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true, value_name = "URL")]
     pub database_url: Option<String>,
+    /// Read the database URL from this file (its first line).
+    #[arg(long, env = "DATABASE_URL_FILE", global = true, value_name = "PATH", conflicts_with = "database_url")]
+    pub database_url_file: Option<std::path::PathBuf>,
     /// Machine-readable JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
@@ -54,21 +59,41 @@ pub enum Command {
     #[command(subcommand)]
     Events(EventsCommand),
     /// Delete finished runs (with their steps, history and events) older than a bound.
+    ///
+    /// Without --yes it first counts what it would delete, and refuses (deleting
+    /// nothing, printing that count) when that is every finished run there is,
+    /// or when --older-than is under 1h. --dry-run only counts.
     Prune(PruneArgs),
     /// Serve the web dashboard until Ctrl-C (loopback only unless a token is set).
     Serve(ServeArgs),
+    /// A Postgres to develop against: the one at the URL if it answers, else a
+    /// throwaway cluster from the installed server binaries (kept until Ctrl-C,
+    /// then removed); migrates it and prints its DATABASE_URL.
+    Dev,
 }
 
 /// `durastep serve`
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// The address to listen on; a non-loopback address needs --token.
-    #[arg(long, default_value = "127.0.0.1:7070")]
+    /// The address to listen on (HOST:PORT; localhost:PORT works); a
+    /// non-loopback address needs --token.
+    #[arg(long, default_value = "127.0.0.1:7070", value_parser = parse::listen_addr)]
     pub addr: std::net::SocketAddr,
+    /// Another host name browsers use for the dashboard (repeatable); requests
+    /// for names not allowed get 421 (against DNS rebinding).
+    #[arg(long = "allow-host", value_name = "NAME")]
+    pub allow_hosts: Vec<String>,
+    /// Browsers reach it over TLS (a TLS proxy in front): Secure session cookie.
+    #[arg(long)]
+    pub behind_tls: bool,
+    /// No replay or cancel; connects read-only, so a SELECT-only role suffices.
+    #[arg(long)]
+    pub read_only: bool,
     /// The access token every page asks for (at least 16 characters).
     #[arg(long, env = "DURASTEP_DASHBOARD_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Without a token (loopback only): show step outputs and event data anyway.
+    /// Without a token (loopback only): show step outputs, event data, keys and
+    /// error texts anyway.
     #[arg(long)]
     pub show_data: bool,
 }
@@ -85,6 +110,13 @@ pub enum RunsCommand {
     Replay(ReplayArgs),
     /// Cancel a run that has not finished.
     Cancel(CancelArgs),
+    /// Queue a diverged run again as it is, once code that fits its recorded
+    /// steps is deployed (it is checked again; still diverging, it is parked again).
+    Resume(ResumeArgs),
+    /// Forget a diverged run's entries from a position on (their results,
+    /// journal entries, open waits) and queue it: the deployed code executes
+    /// them afresh, their step bodies included.
+    Discard(DiscardArgs),
 }
 
 /// Which runs: every condition given must hold.
@@ -97,12 +129,13 @@ pub struct FilterArgs {
     /// waiting, completed, failed, cancelled, skipped.
     #[arg(long = "state", value_name = "STATE", value_parser = parse::state)]
     pub states: Vec<RunState>,
-    /// Created at or after: RFC 3339, or a time ago (2h, 30m ago, 7d ago).
+    /// Created at or after: RFC 3339, or a time ago (2h, 30m ago, 7d ago) on
+    /// the database's clock.
     #[arg(long, value_name = "TIME", value_parser = parse::time)]
-    pub since: Option<DateTime<Utc>>,
+    pub since: Option<parse::TimeArg>,
     /// Created before: RFC 3339, or a time ago.
     #[arg(long, value_name = "TIME", value_parser = parse::time)]
-    pub until: Option<DateTime<Utc>>,
+    pub until: Option<parse::TimeArg>,
     /// Event data holds VALUE at POINTER (VALUE is JSON if it parses, else a string).
     #[arg(long, value_name = "POINTER=VALUE", value_parser = parse::key)]
     pub key: Option<(String, Value)>,
@@ -168,6 +201,26 @@ pub struct CancelArgs {
     pub reason: String,
 }
 
+/// `durastep runs resume`
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// The diverged run.
+    #[arg(value_parser = parse::run_id)]
+    pub id: Uuid,
+}
+
+/// `durastep runs discard`
+#[derive(Debug, Args)]
+pub struct DiscardArgs {
+    /// The diverged run.
+    #[arg(value_parser = parse::run_id)]
+    pub id: Uuid,
+    /// The first position to forget (from 0); `durastep why ID` shows where
+    /// the run diverged, which keeps everything before it.
+    #[arg(long, value_name = "POSITION")]
+    pub from: u32,
+}
+
 /// `durastep send`
 #[derive(Debug, Args)]
 pub struct SendArgs {
@@ -211,4 +264,11 @@ pub struct PruneArgs {
     /// Delete runs that finished longer ago than this (30d, 12h, 2w).
     #[arg(long, value_name = "AGE", value_parser = parse::duration)]
     pub older_than: Duration,
+    /// Delete even when that is every finished run, or --older-than is under
+    /// 1h (without it, prune refuses then and says how many runs it would delete).
+    #[arg(long)]
+    pub yes: bool,
+    /// Say how many runs would be deleted, and delete nothing (read-only).
+    #[arg(long)]
+    pub dry_run: bool,
 }

@@ -9,9 +9,6 @@ use std::process::ExitCode;
 /// Something went wrong; `main` prints it as one line and exits with [`CliError::exit_code`].
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    /// Neither `--database-url` nor `DATABASE_URL` was given.
-    #[error("no database given: pass --database-url postgres://USER@HOST:PORT/DATABASE or set DATABASE_URL")]
-    NoDatabaseUrl,
     /// The URL does not parse.
     #[error("invalid database URL {url}: {reason}")]
     InvalidUrl {
@@ -45,6 +42,9 @@ pub enum CliError {
     /// Reading input or writing output failed.
     #[error("{0}")]
     Io(String),
+    /// `durastep dev` found no Postgres to use and none to start.
+    #[error(transparent)]
+    LocalPg(#[from] durastep_localpg::Error),
     /// The dashboard could not start (or stopped with an error).
     #[error(transparent)]
     Dashboard(#[from] durastep_dashboard::DashboardError),
@@ -60,6 +60,25 @@ impl CliError {
         match self {
             CliError::Unreachable { .. } | CliError::Engine(durastep::Error::Unavailable(_)) => ExitCode::from(2),
             _ => ExitCode::from(1),
+        }
+    }
+
+    /// A short name of the kind of error, for `--json` output.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CliError::InvalidUrl { .. } => "invalid_url",
+            CliError::Unreachable { .. } => "unreachable",
+            CliError::NotMigrated { .. } => "not_migrated",
+            CliError::Usage(_) => "usage",
+            CliError::Engine(durastep::Error::UnknownRun(_)) => "unknown_run",
+            CliError::Engine(durastep::Error::NotReplayable { .. }) => "not_replayable",
+            CliError::Engine(durastep::Error::RunFinished { .. }) => "run_finished",
+            CliError::Engine(durastep::Error::NotDiverged { .. }) => "not_diverged",
+            CliError::Engine(durastep::Error::InvalidFilter(_)) => "invalid_filter",
+            CliError::Engine(_) => "engine",
+            CliError::Io(_) => "io",
+            CliError::Dashboard(_) => "dashboard",
+            CliError::LocalPg(_) => "local_postgres",
         }
     }
 

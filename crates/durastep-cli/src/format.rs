@@ -17,10 +17,12 @@ pub fn opt_time(t: Option<DateTime<Utc>>) -> String {
     t.map(time).unwrap_or_else(|| "-".into())
 }
 
-/// A duration, short: `340ms`, `1.2s`, `4m05s`, `3h20m`, `2d04h`.
+/// A duration, short: `340ms`, `1.2s`, `4m05s`, `3h20m`, `2d04h` (from a
+/// minute up, to the nearest second: an hour's sleep whose record was stored
+/// a few microseconds after its wake time was set shows as `1h00m`, not `59m59s`).
 pub fn duration(d: Duration) -> String {
     let ms = d.as_millis();
-    let s = d.as_secs();
+    let s = u64::try_from(ms.saturating_add(500) / 1_000).unwrap_or(u64::MAX);
     match s {
         _ if ms < 1 => format!("{}µs", d.as_micros()),
         _ if ms < 1_000 => format!("{ms}ms"),
@@ -71,6 +73,8 @@ mod tests {
         check(Duration::from_secs(245), "4m05s");
         check(Duration::from_secs(3 * 3_600 + 20 * 60 + 5), "3h20m");
         check(Duration::from_secs(2 * 86_400 + 4 * 3_600), "2d04h");
+        check(Duration::from_secs(3_600) - Duration::from_micros(30), "1h00m");
+        check(Duration::from_millis(59_400), "59.4s");
     }
 
     #[test]

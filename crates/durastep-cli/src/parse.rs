@@ -38,21 +38,56 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     n.checked_mul(unit_secs).map(Duration::from_secs).ok_or_else(bad)
 }
 
-/// A point in time: RFC 3339 (`2026-12-01T09:00:00Z`), or relative to now
-/// (`2h`, `30m ago`, `7d ago`).
-pub fn time(s: &str) -> Result<DateTime<Utc>, String> {
-    time_at(s, Utc::now())
+/// A point in time as given: RFC 3339, or a time ago to be resolved on the
+/// database clock (the clock the runs' times are written by).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeArg {
+    /// An absolute time.
+    At(DateTime<Utc>),
+    /// This long before the database's now.
+    Ago(Duration),
 }
 
-fn time_at(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
+impl TimeArg {
+    /// The time, with `db_now` the database clock's now.
+    pub fn resolve(self, db_now: DateTime<Utc>) -> DateTime<Utc> {
+        match self {
+            TimeArg::At(t) => t,
+            TimeArg::Ago(d) => chrono::Duration::from_std(d)
+                .ok()
+                .and_then(|d| db_now.checked_sub_signed(d))
+                .unwrap_or(DateTime::<Utc>::MIN_UTC),
+        }
+    }
+}
+
+/// A point in time: RFC 3339 (`2026-12-01T09:00:00Z`), or relative to the
+/// database's now (`2h`, `30m ago`, `7d ago`).
+pub fn time(s: &str) -> Result<TimeArg, String> {
     if let Ok(t) = DateTime::parse_from_rfc3339(s.trim()) {
-        return Ok(t.with_timezone(&Utc));
+        return Ok(TimeArg::At(t.with_timezone(&Utc)));
     }
     let relative = s.trim().strip_suffix("ago").unwrap_or(s).trim();
-    let bad =
-        || format!("{s:?} is not a time; write RFC 3339 (2026-12-01T09:00:00Z) or a time ago (2h, 30m ago, 7d ago)");
-    let back = duration(relative).map_err(|_| bad())?;
-    chrono::Duration::from_std(back).ok().and_then(|d| now.checked_sub_signed(d)).ok_or_else(bad)
+    duration(relative).map(TimeArg::Ago).map_err(|_| {
+        format!("{s:?} is not a time; write RFC 3339 (2026-12-01T09:00:00Z) or a time ago (2h, 30m ago, 7d ago)")
+    })
+}
+
+/// A listen address: `HOST:PORT`, where HOST may be `localhost` (127.0.0.1).
+pub fn listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    let t = s.trim();
+    let t = match t.strip_prefix("localhost:") {
+        Some(port) => format!("127.0.0.1:{port}"),
+        None => t.to_owned(),
+    };
+    t.parse().map_err(|_| {
+        format!("{s:?} is not an address to listen on; write HOST:PORT, like 127.0.0.1:7070 or localhost:7070")
+    })
+}
+
+#[cfg(test)]
+fn time_at(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
+    time(s).map(|t| t.resolve(now))
 }
 
 /// `POINTER=VALUE` for event data: VALUE is JSON when it parses as JSON
@@ -99,5 +134,13 @@ mod tests {
         assert!(key("account=acme").is_err());
         assert!(key("/account").is_err());
         assert!(run_id("nope").is_err());
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(listen_addr("localhost:8080"), Ok("127.0.0.1:8080".parse().unwrap()));
+        assert_eq!(listen_addr("[::1]:80"), Ok("[::1]:80".parse().unwrap()));
+        assert!(listen_addr("localhost").is_err());
+        assert!(listen_addr("example.com:80").is_err());
     }
 }

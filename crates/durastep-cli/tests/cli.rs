@@ -212,7 +212,7 @@ impl Seeded {
         let g = gate.clone();
         let invoice = Function::new("exact-invoice")
             .on_event("invoice/create")
-            .concurrency_shared("exact-online", 1, Some("/account"))
+            .concurrency(durastep::Concurrency::new(1).key("/account").shared("exact-online"))
             .handler(move |_: Ctx, _: Value| {
                 let mut open = g.subscribe();
                 async move {
@@ -240,7 +240,14 @@ impl Seeded {
         let sleeping = send("nap/start", json!({}), None).await;
         assert_eq!(finished(&engine, failed).await.state, RunState::Failed);
         assert_eq!(finished(&engine, completed).await.state, RunState::Completed);
-        wait_for(&engine, held, "the second invoice parked", |r| r.flow_wait.is_some()).await;
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while !matches!(
+            engine.inspect().why(held).await.expect("why"),
+            durastep::inspect::Why::Blocked(ref b) if b.kind == durastep::inspect::BlockerKind::Concurrency
+        ) {
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for the second invoice to be parked");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         wait_for(&engine, sleeping, "the nap sleeping", |r| r.state == RunState::Sleeping).await;
         Seeded { url: url_of(opts), engine, worker, fixed, fetches, gate, failed, completed, running, held, sleeping }
     }
@@ -255,15 +262,34 @@ impl Seeded {
     }
 }
 
+/// The embedded migrations, as `migrate` lists them: `0002 next due index`.
+fn migration_files() -> Vec<String> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations");
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("the migrations folder")
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter_map(|n| n.strip_suffix(".sql").map(|n| n.replace('_', " ")))
+        .collect();
+    names.sort();
+    names
+}
+
 /// Catches: a CLI that migrates by accident (stats would then work on an
-/// empty database), a migrate that is not idempotent, or stats that miscount.
+/// empty database), a migrate that is not idempotent or does not say what it
+/// applied (it said "schema up to date" on an empty database), or stats that miscount.
 #[sqlx::test(migrations = false)]
 async fn migrate_on_an_empty_database_then_stats(_p: PgPoolOptions, opts: PgConnectOptions) {
     let url = url_of(&opts);
     let before = durastep(Some(&url), &["stats"]).await;
     assert!(before.failed(1).contains("run `durastep migrate`"), "{before:?}");
-    assert_eq!(durastep(Some(&url), &["migrate"]).await.ok(), "schema up to date\n");
-    assert_eq!(durastep(Some(&url), &["--json", "migrate"]).await.json(), json!({"migrated": true}));
+    let first = durastep(Some(&url), &["migrate"]).await;
+    let mut lines = first.ok().lines();
+    let files = migration_files();
+    assert!(files.len() >= 10 && files[0] == "0001 core", "{files:?}");
+    assert_eq!(lines.next(), Some(format!("applied {} migration(s):", files.len()).as_str()), "{first:?}");
+    assert_eq!(lines.map(str::trim).collect::<Vec<_>>(), files, "{first:?}");
+    assert_eq!(durastep(Some(&url), &["--json", "migrate"]).await.json(), json!({"applied": []}));
+    assert_eq!(durastep(Some(&url), &["migrate"]).await.ok(), "schema up to date: no migration needed\n");
     assert_eq!(durastep(Some(&url), &["stats"]).await.ok().lines().next(), Some("no runs"));
 
     let s = Seeded::new(&opts).await;
@@ -290,8 +316,8 @@ async fn migrate_on_an_empty_database_then_stats(_p: PgPoolOptions, opts: PgConn
     assert!(header.starts_with("FUNCTION") && header.contains("QUEUED") && header.ends_with("TOTAL"), "{text}");
     let invoice = text.lines().find(|l| l.starts_with("exact-invoice")).expect(text);
     let cells: Vec<&str> = invoice.split_whitespace().collect();
-    // queued, running, sleeping, waiting, completed, failed, cancelled, skipped, total
-    assert_eq!(cells[1..], ["1", "1", "0", "0", "0", "0", "0", "0", "2"], "{text}");
+    // queued, running, sleeping, waiting, completed, failed, cancelled, skipped, diverged, total
+    assert_eq!(cells[1..], ["1", "1", "0", "0", "0", "0", "0", "0", "0", "2"], "{text}");
     assert!(text.contains("last hour: 5 created, 1 completed, 1 failed"), "{text}");
     s.stop().await;
 }
@@ -319,11 +345,18 @@ async fn runs_ls_filters_and_json_round_trip(_p: PgPoolOptions, opts: PgConnectO
     assert_eq!(ls(&["--since", "1h ago", "--function", "greet"]).await, set(&[s.completed]));
     assert!(ls(&["--until", "1h ago"]).await.is_empty());
     assert!(ls(&["--function", "exact-invoice", "--state", "failed"]).await.is_empty());
+    // Relative times are on the database clock: two days on, the runs are two
+    // days old (by the wall clock they are seconds old).
+    durastep::testing::advance_clock(&s.engine, Duration::from_secs(2 * 86_400)).await.unwrap();
+    assert!(ls(&["--since", "1h ago", "--function", "greet"]).await.is_empty());
+    assert_eq!(ls(&["--since", "3d ago", "--function", "greet"]).await, set(&[s.completed]));
+    assert_eq!(ls(&["--until", "1d ago", "--function", "greet"]).await, set(&[s.completed]));
 
     let page = s.cli(&["--json", "runs", "ls", "--state", "failed"]).await.json();
     let run = &page["runs"][0];
     assert_eq!((run["function_id"].as_str(), run["state"].as_str()), (Some("push-budget"), Some("failed")));
     assert_eq!(run["last_error"].as_str(), Some(format!("step push: {META_ERROR}").as_str()));
+    assert_eq!(run["error_standing"], "exhausted", "retries(0): it failed on its only attempt");
     assert_eq!(page["next"], Value::Null);
 
     let text = s.cli(&["runs", "ls", "--state", "failed"]).await;
@@ -401,7 +434,10 @@ async fn runs_show_of_a_failed_run_shows_the_failed_step_and_error(_p: PgPoolOpt
     let fetch = step("fetch");
     assert!(fetch.contains(" completed ") && fetch.ends_with("\"tok\""), "{text}");
     assert!(text.contains("state       failed (attempt 1 of 1)"), "{text}");
-    assert!(text.contains(&format!("error       step push: {META_ERROR}")), "{text}");
+    assert!(
+        text.contains(&format!("failed      on its last attempt (attempt 1 of 1): step push: {META_ERROR}")),
+        "{text}"
+    );
     assert!(text.contains("event data  {\"ad_account_id\":\"act_7\"}"), "{text}");
 
     let d = s.cli(&["--json", "runs", "show", &id]).await.json();
@@ -440,7 +476,7 @@ async fn why_explains_concurrency_sleep_running_and_failure(_p: PgPoolOptions, o
     let wake = s.engine.run(s.sleeping).await.unwrap().run_at;
     assert_eq!(
         why(s.sleeping).await,
-        format!("sleeping until {}", wake.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        format!("sleeping until {} (in step nap)", wake.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
     );
     let now = durastep::testing::db_now(&s.engine).await.unwrap();
     assert!(wake > now + chrono::Duration::minutes(59), "the nap wakes in an hour: {wake}");
@@ -460,6 +496,146 @@ async fn why_explains_concurrency_sleep_running_and_failure(_p: PgPoolOptions, o
     s.stop().await;
 }
 
+/// A run that recovers: its `call` step fails once (retried), then it sleeps
+/// an hour (`cool-off`) and completes.
+fn recovers(calls: Arc<AtomicU32>) -> Function {
+    Function::new("recovers")
+        .on_event("recovers/start")
+        .retries(2)
+        .backoff(durastep::Backoff::Fixed(Duration::from_millis(10)))
+        .handler(move |ctx: Ctx, _: Value| {
+            let calls = calls.clone();
+            async move {
+                ctx.step("call", || async move {
+                    if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                        Err(HandlerError::new("503 from gateway"))
+                    } else {
+                        Ok(1)
+                    }
+                })
+                .await?;
+                ctx.sleep("cool-off", Duration::from_secs(3_600)).await?;
+                Ok(())
+            }
+        })
+}
+
+/// Catches (issue 15): a completed run shown with a red "error" (the error
+/// of an earlier, retried attempt), a permanent failure not said to be one,
+/// a sleep shown as "completed, 20µs" without its wake time, history without
+/// replays or cancel reasons, `why` not naming the wait step, and JSON
+/// without these facts.
+#[sqlx::test(migrations = false)]
+async fn show_tells_recovered_permanent_sleeps_replays_and_waits(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let strict = Function::new("strict").on_event("strict/start").retries(2).handler(|ctx: Ctx, _: Value| async move {
+        ctx.step("validate", || async { Err::<(), _>(HandlerError::permanent("400: campaign 9 does not exist")) }).await
+    });
+    let approve = Function::new("approve").on_event("approval/requested").handler(|ctx: Ctx, _: Value| async move {
+        let got: Option<Value> = ctx.wait_for_event("approval", durastep::WaitFor::event("approval/given")).await?;
+        Ok(got)
+    });
+    let engine = engine(&opts, vec![recovers(Arc::new(AtomicU32::new(0))), strict, approve, nap()]).await;
+    let send = |name: &'static str| {
+        let engine = engine.clone();
+        async move { engine.send(Event::new(name, &json!({}))).await.expect("send").run_ids[0] }
+    };
+    let worker = Worker::start(&engine);
+    let (recovered, failed, waiting, napping) = (
+        send("recovers/start").await,
+        send("strict/start").await,
+        send("approval/requested").await,
+        send("nap/start").await,
+    );
+    let run = wait_for(&engine, recovered, "the recovering run asleep", |r| r.state == RunState::Sleeping).await;
+    let wake = run.run_at;
+    wait_for(&engine, waiting, "the approval waiting", |r| r.state == RunState::Waiting).await;
+    wait_for(&engine, napping, "the nap sleeping", |r| r.state == RunState::Sleeping).await;
+    assert_eq!(finished(&engine, failed).await.state, RunState::Failed);
+    let url = url_of(&opts);
+    let cli = |args: Vec<String>| {
+        let url = url.clone();
+        async move { durastep(Some(&url), &args.iter().map(String::as_str).collect::<Vec<_>>()).await }
+    };
+    let show = |id: Uuid| cli(vec!["runs".into(), "show".into(), id.to_string()]);
+    let show_json = |id: Uuid| cli(vec!["--json".into(), "runs".into(), "show".into(), id.to_string()]);
+    let time = |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+
+    // Asleep: the sleep step says until when, and for how long.
+    let text = show(recovered).await.ok().to_owned();
+    let line = text.lines().find(|l| l.starts_with("cool-off ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains(" sleeping ") && line.contains(" 1h00m "), "{text}");
+    assert!(line.ends_with(&format!("sleeping until {} (1h00m)", time(wake))), "{text}");
+    assert!(text.contains("last error  step call: 503 from gateway (attempt 1 failed; it runs again)"), "{text}");
+
+    // History: the cancel reason.
+    engine.cancel(napping, "client paused").await.unwrap();
+    let text = show(napping).await.ok().to_owned();
+    let cancelled = text.lines().rev().find(|l| l.contains(" cancelled ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(cancelled.ends_with("reason: client paused"), "{text}");
+    let nap = text.lines().find(|l| l.starts_with("nap ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        nap.contains(" cut short ") && nap.contains("the run ended first"),
+        "a cancelled sleep did not sleep: {text}"
+    );
+
+    // Woken by the database clock, it completes: the error is recovered from, not the run's.
+    durastep::testing::advance_clock(&engine, Duration::from_secs(2 * 3_600)).await.unwrap();
+    assert_eq!(finished(&engine, recovered).await.state, RunState::Completed);
+    let text = show(recovered).await.ok().to_owned();
+    assert!(
+        text.contains("recovered   step call: 503 from gateway (attempt 1 failed; a retry completed the run)"),
+        "{text}"
+    );
+    assert!(!text.lines().any(|l| l.starts_with("error ") || l.starts_with("failed ")), "{text}");
+    let line = text.lines().find(|l| l.starts_with("cool-off ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains(" slept ") && line.ends_with(&format!("slept until {} (1h00m)", time(wake))), "{text}");
+    let call = text.lines().find(|l| l.starts_with("call ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(call.contains(" completed after retry "), "{text}");
+    let d = show_json(recovered).await.json();
+    assert_eq!(d["error"], json!({"message": "step call: 503 from gateway", "standing": "recovered", "attempt": 1}));
+    let sleep = d["steps"].as_array().unwrap().iter().find(|s| s["name"] == "cool-off").unwrap().clone();
+    let wake_at: chrono::DateTime<chrono::Utc> = sleep["wake_at"].as_str().unwrap().parse().unwrap();
+    assert_eq!(wake_at.timestamp_micros(), wake.timestamp_micros(), "{sleep}");
+    let slept = sleep["slept"].as_f64().unwrap();
+    assert!((3_599.0..=3_600.0).contains(&slept), "{sleep}");
+    let ls = cli(vec!["runs".into(), "ls".into(), "--function".into(), "recovers".into()]).await;
+    assert!(ls.ok().lines().nth(1).unwrap().ends_with("recovered: step call: 503 from gateway"), "{ls:?}");
+    let page = cli(vec!["--json".into(), "runs".into(), "ls".into(), "--function".into(), "recovers".into()]).await;
+    assert_eq!(page.json()["runs"][0]["error_standing"], "recovered");
+
+    // A permanent error with attempts left says so.
+    let text = show(failed).await.ok().to_owned();
+    assert!(
+        text.contains(
+            "failed      permanently, at attempt 1 of 3 (a permanent error: not retried): step validate: 400: \
+             campaign 9 does not exist"
+        ),
+        "{text}"
+    );
+    assert_eq!(show_json(failed).await.json()["error"]["standing"], "permanent");
+    let ls = cli(vec!["runs".into(), "ls".into(), "--function".into(), "strict".into()]).await;
+    assert!(ls.ok().lines().nth(1).unwrap().ends_with("permanent: step validate: 400: campaign 9 does not exist"));
+
+    // `why` names the wait step, in text and JSON.
+    let why = cli(vec!["why".into(), waiting.to_string()]).await;
+    assert_eq!(why.ok(), "waiting for event approval/given, with no timeout (in step approval)\n");
+    let j = cli(vec!["--json".into(), "why".into(), waiting.to_string()]).await.json();
+    assert_eq!((j["kind"].as_str(), j["step"].as_str()), (Some("wait_for_event"), Some("approval")), "{j}");
+    assert_eq!(show_json(waiting).await.json()["blocker"]["step"], "approval");
+
+    // History: the cancel reason (above), then the replay.
+    engine.replay(napping, durastep::ReplayFrom::FailedStep).await.unwrap();
+    let text = show(napping).await.ok().to_owned();
+    assert!(text.lines().any(|l| l.contains(" queued (replayed) ")), "{text}");
+    let history = show_json(napping).await.json()["history"].as_array().unwrap().clone();
+    let marks: Vec<(&str, bool)> =
+        history.iter().map(|h| (h["state"].as_str().unwrap(), h["replayed"].as_bool().unwrap())).collect();
+    let replay = marks.iter().position(|&(state, replayed)| state == "queued" && replayed).expect("a replay");
+    assert_eq!(marks[replay - 1].0, "cancelled", "{marks:?}");
+    assert_eq!(marks.iter().filter(|m| m.1).count(), 1, "{marks:?}");
+    worker.stop().await;
+}
+
 /// Catches: a replay that does not requeue, re-runs finished steps, accepts a
 /// run that is not dead, or takes an id and filters at once.
 #[sqlx::test(migrations = false)]
@@ -469,10 +645,9 @@ async fn replay_makes_a_failed_run_complete_once_the_cause_is_fixed(_p: PgPoolOp
     assert_eq!(s.fetches.load(Ordering::SeqCst), 1);
     s.fixed.store(true, Ordering::SeqCst);
     let out = s.cli(&["runs", "replay", &id]).await;
-    assert_eq!(
-        out.ok().trim_end(),
-        format!("run {id} (push-budget) is queued again, from the failed step: attempt 2 of 2")
-    );
+    // The worker may claim it before the CLI reads it back: "(already running)".
+    let said = format!("run {id} (push-budget) is queued again, from the failed step: attempt 2 of 2");
+    assert!(out.ok().starts_with(&said), "{out:?}");
     let run = finished(&s.engine, s.failed).await;
     assert_eq!((run.state, run.output), (RunState::Completed, Some(json!("pushed with tok"))));
     assert_eq!(s.fetches.load(Ordering::SeqCst), 1, "the finished step was not executed again");
@@ -562,6 +737,88 @@ async fn send_creates_a_run_and_cancel_cancels_one(_p: PgPoolOptions, opts: PgCo
     s.stop().await;
 }
 
+/// v1 of `flow`: step `a`, a wait for `flow/go`, step `b`; v2: step `a2` only.
+/// `a_runs` counts the executions of `a`'s body.
+fn flow(v2: bool, a_runs: &Arc<AtomicU32>) -> Function {
+    let a_runs = a_runs.clone();
+    Function::new("flow").on_event("flow/start").handler(move |ctx: Ctx, _: Value| {
+        let a_runs = a_runs.clone();
+        async move {
+            if v2 {
+                return ctx.step("a2", || async { Ok("v2".to_owned()) }).await;
+            }
+            ctx.step("a", || async move {
+                a_runs.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            })
+            .await?;
+            let wait = durastep::WaitFor::event("flow/go").matching(durastep::EventMatch::any());
+            ctx.wait_for_event::<Value>("go", wait.timeout(Duration::from_secs(3_600))).await?;
+            ctx.step("b", || async { Ok("v1".to_owned()) }).await
+        }
+    })
+}
+
+/// Two v1 runs parked `diverged` under v2 (recorded step "a", asked step
+/// "a2" at position 0). `runs discard ID --from 0` runs one afresh on v2;
+/// `runs resume ID`, after going back to v1, replays the other where it was;
+/// both refuse a run that is not diverged, and an unknown run.
+/// Catches: no CLI way out of `diverged`, a discard that keeps the entries
+/// (it would diverge again), a resume that loses them (v1 would run `a` twice).
+#[sqlx::test(migrations = false)]
+async fn resume_and_discard_end_diverged_runs(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let url = url_of(&opts);
+    let a_runs = Arc::new(AtomicU32::new(0));
+    let v1 = engine(&opts, vec![flow(false, &a_runs)]).await;
+    let w1 = Worker::start(&v1);
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let id = v1.send(Event::new("flow/start", &json!({}))).await.unwrap().run_ids[0];
+        wait_for(&v1, id, "the v1 run waiting", |r| r.state == RunState::Waiting).await;
+        ids.push(id);
+    }
+    w1.stop().await;
+    let v2 = engine(&opts, vec![flow(true, &a_runs)]).await;
+    let w2 = Worker::start(&v2);
+    v2.send(Event::new("flow/go", &json!({}))).await.unwrap();
+    for id in &ids {
+        wait_for(&v2, *id, "the run diverged", |r| r.state == RunState::Diverged).await;
+    }
+    let (discarded, resumed) = (ids[0].to_string(), ids[1].to_string());
+    let why = durastep(Some(&url), &["why", &discarded]).await;
+    assert!(why.ok().contains(&format!("durastep runs discard {discarded} --from 0")), "{why:?}");
+
+    let out = durastep(Some(&url), &["runs", "discard", &discarded, "--from", "0"]).await;
+    assert_eq!(
+        out.ok(),
+        format!(
+            "run {discarded} queued again without its entries from position 0 on: the deployed code executes them \
+             afresh\n"
+        )
+    );
+    let run = finished(&v2, ids[0]).await;
+    assert_eq!((run.state, run.output), (RunState::Completed, Some(json!("v2"))));
+    let again = durastep(Some(&url), &["runs", "resume", &discarded]).await;
+    assert!(again.failed(1).contains("is not diverged (it is completed)"), "{again:?}");
+    let j = durastep(Some(&url), &["--json", "runs", "discard", &discarded, "--from", "1"]).await;
+    assert_eq!(j.code, Some(1), "{j:?}");
+    assert!(j.stderr.contains("not_diverged"), "{j:?}");
+    w2.stop().await;
+
+    // The code fixed (v1 again): the other run resumes where it was.
+    let fixed = engine(&opts, vec![flow(false, &a_runs)]).await;
+    let _w = Worker::start(&fixed);
+    let j = durastep(Some(&url), &["--json", "runs", "resume", &resumed]).await.json();
+    assert_eq!(j, json!({"run_id": resumed, "action": "resumed", "state": "queued"}));
+    let run = finished(&fixed, ids[1]).await;
+    assert_eq!((run.state, run.output), (RunState::Completed, Some(json!("v1"))));
+    assert_eq!(a_runs.load(Ordering::SeqCst), 2, "step a ran once per run: the resumed run replayed it");
+    let unknown = durastep(Some(&url), &["runs", "resume", &Uuid::nil().to_string()]).await;
+    assert!(unknown.failed(1).contains("no run with id"), "{unknown:?}");
+    let missing = durastep(Some(&url), &["runs", "discard", &resumed]).await;
+    assert_ne!(missing.code, Some(0), "--from is required: {missing:?}");
+}
+
 /// Catches: a prune that deletes recent or unfinished runs, or reports
 /// numbers that are not what it deleted.
 #[sqlx::test(migrations = false)]
@@ -588,6 +845,9 @@ async fn prune_removes_old_finished_runs(_p: PgPoolOptions, opts: PgConnectOptio
     worker.stop().await;
 
     let url = url_of(&opts);
+    let dry = durastep(Some(&url), &["--json", "prune", "--older-than", "30d", "--dry-run"]).await.json();
+    assert_eq!(dry["would_prune"].as_u64(), Some(3), "{dry}");
+    assert!(engine.run(old[0]).await.is_ok(), "a dry run deletes nothing");
     let report = durastep(Some(&url), &["--json", "prune", "--older-than", "30d"]).await.json();
     assert_eq!((report["runs"].as_u64(), report["events"].as_u64()), (Some(3), Some(3)));
     for id in &old {
@@ -598,6 +858,81 @@ async fn prune_removes_old_finished_runs(_p: PgPoolOptions, opts: PgConnectOptio
     assert!(engine.run(napping).await.is_ok(), "an unfinished run is kept");
     let again = durastep(Some(&url), &["prune", "--older-than", "30d"]).await;
     assert!(again.ok().starts_with("pruned 0 run(s), 0 event(s)"), "{again:?}");
+}
+
+/// Catches (issue 15): a prune that deletes every finished run, or uses a
+/// bound under an hour (`30m` typed for `30d`), without `--yes`; a refusal
+/// that does not say how many runs it would have deleted or that deletes
+/// anything; and `--yes` asked for where a prune keeps runs.
+#[sqlx::test(migrations = false)]
+async fn prune_asks_for_yes_before_deleting_every_finished_run_or_under_an_hour(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let engine = engine(&opts, vec![greet()]).await;
+    let greetings = |names: &[&str]| {
+        let events = names.iter().map(|n| Event::new("greeting/requested", n)).collect();
+        let engine = engine.clone();
+        async move {
+            let ids: Vec<Uuid> = engine.send_batch(events).await.unwrap().iter().map(|r| r.run_ids[0]).collect();
+            let worker = Worker::start(&engine);
+            for id in &ids {
+                finished(&engine, *id).await;
+            }
+            worker.stop().await;
+            ids
+        }
+    };
+    let old = greetings(&["a", "b", "c"]).await;
+    durastep::testing::advance_clock(&engine, Duration::from_secs(2 * 86_400)).await.unwrap();
+    let recent = greetings(&["d"]).await[0];
+    let url = url_of(&opts);
+    let kept = |ids: Vec<Uuid>| {
+        let engine = engine.clone();
+        async move {
+            for id in ids {
+                assert!(engine.run(id).await.is_ok(), "run {id} was deleted");
+            }
+        }
+    };
+
+    // Every finished run (and a bound under an hour): refused, with the count.
+    let all = durastep(Some(&url), &["prune", "--older-than", "0s"]).await;
+    assert_eq!(
+        all.failed(1),
+        "error: prune --older-than 0s would delete 4 of 4 finished run(s) (that is every finished run, and \
+         --older-than is under 1h); add --yes if that is what you want (nothing was deleted)"
+    );
+    // Under an hour, though it keeps the run that finished just now.
+    let short = durastep(Some(&url), &["prune", "--older-than", "30m"]).await;
+    let message = short.failed(1);
+    assert!(message.contains("would delete 3 of 4 finished run(s) (--older-than is under 1h)"), "{message}");
+    let json = durastep(Some(&url), &["--json", "prune", "--older-than", "30m"]).await;
+    assert_eq!(json.code, Some(1), "{json:?}");
+    let v: Value = serde_json::from_str(json.stderr.trim()).expect("a JSON error");
+    assert_eq!(v["error"]["kind"], "usage", "{v}");
+    kept([old.clone(), vec![recent]].concat()).await;
+    // Counting needs no --yes.
+    let dry = durastep(Some(&url), &["--json", "prune", "--older-than", "0s", "--dry-run"]).await.json();
+    assert_eq!(dry["would_prune"].as_u64(), Some(4), "{dry}");
+
+    // A bound of a day keeps the recent run: no --yes needed.
+    let report = durastep(Some(&url), &["--json", "prune", "--older-than", "1d"]).await.json();
+    assert_eq!(report["runs"].as_u64(), Some(3), "{report}");
+    kept(vec![recent]).await;
+
+    // Two hours on, the recent run is every finished run left.
+    durastep::testing::advance_clock(&engine, Duration::from_secs(2 * 3_600)).await.unwrap();
+    let every = durastep(Some(&url), &["prune", "--older-than", "1h"]).await;
+    let message = every.failed(1);
+    assert!(message.contains("would delete 1 of 1 finished run(s) (that is every finished run)"), "{message}");
+    kept(vec![recent]).await;
+    let report = durastep(Some(&url), &["--json", "prune", "--older-than", "1h", "--yes"]).await.json();
+    assert_eq!(report["runs"].as_u64(), Some(1), "{report}");
+    assert!(engine.run(recent).await.is_err(), "--yes deleted it");
+    // Nothing to delete is not "every finished run".
+    let nothing = durastep(Some(&url), &["prune", "--older-than", "1h"]).await;
+    assert!(nothing.ok().starts_with("pruned 0 run(s)"), "{nothing:?}");
 }
 
 /// Catches: a panic or a debug dump instead of a message, the wrong exit
@@ -623,8 +958,12 @@ async fn errors_are_one_line_with_the_right_exit_code(_p: PgPoolOptions, opts: P
     assert!(!message.contains("s3cret"), "{message}");
     assert!(started.elapsed() < Duration::from_secs(5), "a refused connection fails at once");
 
+    // No URL at all: the README's default, postgres://postgres@127.0.0.1:5432/postgres.
     let none = durastep(None, &["stats"]).await;
-    assert!(none.failed(1).contains("pass --database-url") && none.stderr.contains("set DATABASE_URL"), "{none:?}");
+    assert!(
+        none.code == Some(0) || none.stderr.contains("postgres://postgres@127.0.0.1:5432/postgres"),
+        "the default URL is used: {none:?}"
+    );
     let mut from_env = tokio::process::Command::new(env!("CARGO_BIN_EXE_durastep"));
     let out = from_env.env("DATABASE_URL", &url).args(["--json", "stats"]).output().await.unwrap();
     assert!(out.status.success(), "DATABASE_URL is read: {out:?}");
@@ -646,7 +985,7 @@ async fn serve_answers_on_its_address(_p: PgPoolOptions, opts: PgConnectOptions)
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_durastep"))
-        .args(["--database-url", &url, "serve", "--addr", &addr])
+        .args(["--database-url", &url, "serve", "--addr", &format!("localhost:{port}")])
         .stdout(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
@@ -665,4 +1004,172 @@ async fn serve_answers_on_its_address(_p: PgPoolOptions, opts: PgConnectOptions)
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
     assert!(page.contains("<html"), "{page}");
     child.kill().await.unwrap();
+}
+
+/// The reader role's grants: the ```sql block after the marker in docs/security.md.
+fn reader_grants() -> String {
+    let doc = include_str!("../../../docs/security.md");
+    let (_, after) = doc.split_once("<!-- reader-grants -->").expect("marker in docs/security.md");
+    let block = after.split_once("```sql\n").expect("sql block").1;
+    block.split_once("```").expect("end of sql block").0.to_owned()
+}
+
+/// Catches: read commands that build a full engine (registering, so needing
+/// the runtime role): as the documented reader role (SELECT only) every read
+/// command works, and the acting ones are refused by the database.
+#[sqlx::test(migrations = false)]
+async fn read_commands_run_as_the_reader_role(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let seeded = Seeded::new(&opts).await;
+    let reader = format!("durastep_reader_{}", Uuid::new_v4().simple());
+    let admin = PgPoolOptions::new().max_connections(1).connect_with(opts.clone()).await.unwrap();
+    let grants = reader_grants().replace("durastep_reader", &reader);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE ROLE {reader} LOGIN; {grants}"))).execute(&admin).await.unwrap();
+    let url = url_of(&opts.clone().username(&reader));
+    let (failed, sleeping) = (seeded.failed.to_string(), seeded.sleeping.to_string());
+    let mut problems = Vec::new();
+    for args in [
+        &["stats"][..],
+        &["functions"],
+        &["runs", "ls"],
+        &["runs", "ls", "--function", "push-budget", "--since", "1h"],
+        &["runs", "show", &failed],
+        &["why", &sleeping],
+        &["events", "ls"],
+        &["--json", "stats"],
+    ] {
+        let out = durastep(Some(&url), args).await;
+        if out.code != Some(0) {
+            problems.push(format!("{args:?}: {out:?}"));
+        }
+    }
+    let replay = durastep(Some(&url), &["runs", "replay", &failed]).await;
+    if replay.code == Some(0) {
+        problems.push(format!("the reader replayed a run: {replay:?}"));
+    }
+    for sql in [format!("DROP OWNED BY {reader}"), format!("DROP ROLE {reader}")] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone())).execute(&admin).await.expect(&sql);
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert_eq!(seeded.engine.run(seeded.failed).await.unwrap().state, RunState::Failed);
+    seeded.stop().await;
+}
+
+/// Catches: a password printed by a URL that does not parse (an unencoded
+/// `/`, `?` or `#` in it), by a libpq key=value string, in `--json` errors;
+/// and the URL only accepted on the command line (visible in `ps`).
+#[sqlx::test(migrations = false)]
+async fn passwords_never_appear_in_errors_or_json(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let url = url_of(&opts);
+    durastep(Some(&url), &["migrate"]).await.ok();
+    for bad in [
+        "postgres://ops:se/cr?et#1@127.0.0.1:1/app",
+        "postgres://ops:se/cret@127.0.0.1:1/app",
+        "postgres://ops:sec#ret@127.0.0.1:1/app",
+        "postgres://ops@127.0.0.1:1/app?password=secret-in-query",
+        "host=127.0.0.1 port=1 user=ops password=secret-kv dbname=app",
+        "host=127.0.0.1 port=1 password='secret quoted' dbname=app",
+    ] {
+        for json in [false, true] {
+            let args: &[&str] = if json { &["--json", "stats"] } else { &["stats"] };
+            let out = durastep(Some(bad), args).await;
+            assert_ne!(out.code, Some(0), "{bad}: {out:?}");
+            for secret in ["se/cr?et#1", "se/cret", "sec#ret", "secret-in-query", "secret-kv", "secret quoted"] {
+                assert!(!out.stderr.contains(secret) && !out.stdout.contains(secret), "{bad} leaks: {out:?}");
+            }
+            if json {
+                let v: Value = serde_json::from_str(out.stderr.trim()).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+                assert!(v["error"]["message"].is_string() && v["error"]["kind"].is_string(), "{v}");
+            }
+        }
+    }
+    // The URL from a file, so it is not on the command line.
+    let dir = std::env::temp_dir().join(format!("durastep-cli-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("url");
+    std::fs::write(&file, format!("{url}\n")).unwrap();
+    let out = durastep(None, &["--database-url-file", file.to_str().unwrap(), "--json", "stats"]).await;
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_durastep"))
+        .env_remove("DATABASE_URL")
+        .env("DATABASE_URL_FILE", &file)
+        .args(["functions"])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Catches (issue 15): a missing argument not named, unknown function names
+/// and impossible replays answered with "0 runs", errors that are not JSON
+/// with --json, `prune --older-than 0s` deleting everything without asking,
+/// and `--addr localhost:PORT` refused.
+#[sqlx::test(migrations = false)]
+async fn mistakes_are_named_errors(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let seeded = Seeded::new(&opts).await;
+    let missing = seeded.cli(&["why"]).await;
+    assert!(missing.failed(1).contains("<ID>"), "{missing:?}");
+    let unknown = seeded.cli(&["runs", "ls", "--function", "push-budgte"]).await;
+    let message = unknown.failed(1);
+    assert!(message.contains("push-budgte") && message.contains("push-budget"), "{message}");
+    let replay = seeded.cli(&["runs", "replay", "--state", "completed"]).await;
+    assert!(replay.failed(1).contains("only failed or cancelled runs"), "{replay:?}");
+    let json = seeded.cli(&["--json", "runs", "show", &Uuid::nil().to_string()]).await;
+    assert_eq!(json.code, Some(1));
+    let v: Value = serde_json::from_str(json.stderr.trim()).expect("a JSON error");
+    assert_eq!(v["error"]["kind"], "unknown_run", "{v}");
+    let usage = seeded.cli(&["--json", "why"]).await;
+    let v: Value = serde_json::from_str(usage.stderr.trim()).expect("a JSON usage error");
+    assert_eq!(v["error"]["kind"], "usage", "{v}");
+    let prune = seeded.cli(&["prune", "--older-than", "0s"]).await;
+    assert!(prune.failed(1).contains("--yes"), "{prune:?}");
+    assert_eq!(seeded.engine.run(seeded.completed).await.unwrap().state, RunState::Completed, "nothing pruned");
+    let bad_addr = seeded.cli(&["serve", "--addr", "localhost"]).await;
+    assert!(bad_addr.failed(1).contains("HOST:PORT"), "{bad_addr:?}");
+    seeded.stop().await;
+}
+
+/// `durastep dev` with nothing answering at the URL: starts a throwaway
+/// cluster, migrates it, prints its URL, and removes it on SIGTERM.
+#[tokio::test]
+async fn dev_starts_a_throwaway_cluster_and_removes_it_when_stopped() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_durastep"))
+        .env("DATABASE_URL", format!("postgres://postgres@127.0.0.1:{closed}/postgres"))
+        .arg("dev")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut said = Vec::new();
+    let url = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            said.push(line.clone());
+            if let Some(url) = line.strip_prefix("export DATABASE_URL=") {
+                return url.to_owned();
+            }
+        }
+        panic!("durastep dev ended without a URL: {said:?}");
+    })
+    .await
+    .expect("durastep dev printed its URL in time");
+    let dir =
+        said[0].split(" in ").nth(1).and_then(|r| r.split(" (").next()).expect("the directory is named").to_owned();
+    assert!(std::path::Path::new(&dir).is_dir(), "{said:?}");
+    assert!(!url.contains(&format!(":{closed}/")), "{url}");
+
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    let migrated: bool =
+        sqlx::query_scalar("SELECT to_regclass('durastep.runs') IS NOT NULL").fetch_one(&mut conn).await.unwrap();
+    assert!(migrated, "the throwaway database is migrated");
+    drop(conn);
+
+    let pid = child.id().unwrap().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait()).await.expect("dev stops").unwrap();
+    assert!(status.success(), "{status}");
+    assert!(!std::path::Path::new(&dir).exists(), "{dir} was removed");
 }

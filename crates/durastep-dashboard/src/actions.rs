@@ -11,7 +11,13 @@ use durastep::ReplayFrom;
 use serde::Deserialize;
 
 use crate::App;
+use crate::pages::runs::ListQuery;
 use crate::pages::{PageError, run::run_id};
+
+/// The engine behind the actions; a read-only dashboard has none.
+fn engine(app: &App) -> Result<&durastep::Engine, PageError> {
+    app.engine.as_ref().ok_or_else(|| PageError::Forbidden("this dashboard is read-only".into()))
+}
 
 /// The replay form.
 #[derive(Deserialize)]
@@ -47,7 +53,7 @@ pub(crate) async fn replay(
     };
     let result = async {
         let id = run_id(&raw)?;
-        app.engine.replay(id, from).await?;
+        engine(&app)?.replay(id, from).await?;
         tracing::info!(run_id = %id, ?from, "run replayed from the dashboard");
         Ok::<_, PageError>(Redirect::to(&format!("/runs/{id}?done=replayed")))
     };
@@ -72,9 +78,49 @@ pub(crate) async fn cancel(
         .unwrap_or_else(|| "cancelled from the dashboard".into());
     let result = async {
         let id = run_id(&raw)?;
-        app.engine.cancel(id, &reason).await?;
+        engine(&app)?.cancel(id, &reason).await?;
         tracing::info!(run_id = %id, "run cancelled from the dashboard");
         Ok::<_, PageError>(Redirect::to(&format!("/runs/{id}?done=cancelled")))
     };
     result.await.into_response()
+}
+
+/// The bulk replay form: the run list's filter, the CSRF token, and
+/// `confirm=yes` once the user has seen how many runs it replays.
+#[derive(Deserialize)]
+pub(crate) struct ReplayManyForm {
+    csrf: Option<String>,
+    #[serde(default)]
+    confirm: String,
+    #[serde(flatten)]
+    filter: ListQuery,
+}
+
+/// POST /runs/replay: replays every failed (or cancelled) run matching the
+/// run list's filter. Without `confirm=yes` it changes nothing and shows how
+/// many runs would be replayed, with a button that confirms.
+pub(crate) async fn replay_many(
+    State(app): State<App>,
+    headers: HeaderMap,
+    form: Result<Form<ReplayManyForm>, FormRejection>,
+) -> Response {
+    let form = form.ok().map(|Form(f)| f);
+    if let Err(denied) = app.access.verify_post(&headers, form.as_ref().and_then(|f| f.csrf.as_deref())) {
+        return denied.into_response();
+    }
+    let Some(form) = form else { return PageError::BadRequest("unreadable form".into()).into_response() };
+    let result = async {
+        let engine = engine(&app)?;
+        let filter = form.filter.replay_filter()?;
+        if form.confirm != "yes" {
+            let count = crate::pages::runs::count_matching(&app, &filter).await?;
+            return Ok(crate::pages::runs::confirm_replay(&app, &form.filter, count).into_response());
+        }
+        let ids = engine.replay_many(&filter, ReplayFrom::FailedStep).await?;
+        tracing::info!(runs = ids.len(), "runs replayed from the dashboard");
+        let back = crate::html::query(&form.filter.pairs(""));
+        let sep = if back.is_empty() { '?' } else { '&' };
+        Ok::<_, PageError>(Redirect::to(&format!("/runs{back}{sep}replayed={}", ids.len())).into_response())
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
 }

@@ -1,40 +1,18 @@
-//! HTML building: the one escaping helper every user value goes through, URL
-//! encoding for links, the page shell and small formatters.
+//! HTML building: the page shell, URL encoding for links and small
+//! formatters. Pages are [`maud`] templates, which escape every value they
+//! interpolate (text and attribute values alike).
 //!
-//! Invariant: no page writes a value from the database, the request or the
-//! engine into HTML except through [`esc`] (text and attribute values alike).
+//! Invariant: raw HTML (`PreEscaped`) appears only here, for the fixed style
+//! sheet; no value from the database, the request or the engine is ever
+//! written unescaped (`tests/security.rs` greps the sources for it).
 
-use std::fmt::{self, Write as _};
+use std::fmt::Write as _;
 use std::time::Duration;
 
+use axum::response::Html;
 use chrono::{DateTime, Utc};
 use durastep::RunState;
-
-/// A value escaped for HTML text and double- or single-quoted attributes.
-pub(crate) struct Escaped<'a>(&'a str);
-
-/// Escapes `s` for HTML: `& < > " '` become entities.
-pub(crate) fn esc(s: &str) -> Escaped<'_> {
-    Escaped(s)
-}
-
-impl fmt::Display for Escaped<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut rest = self.0;
-        while let Some(i) = rest.find(['&', '<', '>', '"', '\'']) {
-            f.write_str(&rest[..i])?;
-            f.write_str(match rest.as_bytes()[i] {
-                b'&' => "&amp;",
-                b'<' => "&lt;",
-                b'>' => "&gt;",
-                b'"' => "&quot;",
-                _ => "&#39;",
-            })?;
-            rest = &rest[i + 1..];
-        }
-        f.write_str(rest)
-    }
-}
+use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 /// Percent-encodes a query-string component (everything but unreserved characters).
 pub(crate) fn url_encode(s: &str) -> String {
@@ -69,39 +47,69 @@ th,td{border:1px solid #d8dde3;padding:4px 8px;text-align:left;vertical-align:to
 th{background:#eef1f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .s{padding:1px 6px;border-radius:8px;font-size:12px;background:#e3e7eb}
 .s-completed{background:#d4f4dd}.s-failed{background:#fbd5d5}.s-running{background:#d6e6ff}
-.s-queued{background:#fff1c2}.s-cancelled,.s-skipped{background:#e6e0f5}
+.s-queued{background:#fff1c2}.s-cancelled,.s-skipped{background:#e6e0f5}.s-sleeping{background:#ece4fb}
+a.run,code{word-break:keep-all;white-space:nowrap}
 pre{background:#fff;border:1px solid #d8dde3;padding:8px;max-height:320px;overflow:auto;white-space:pre-wrap}
 .err{color:#a40e0e;white-space:pre-wrap}.muted{color:#68717a}
-form.inline{display:inline-block;margin-right:8px}
+form.inline{display:inline-block;margin-right:8px}form.logout{margin-left:auto}
 .bar{display:inline-block;height:10px;background:#5b8def}.bar.f{background:#d64545}
 ";
 
-/// A whole page: the shell with navigation around `body` (already HTML).
-/// `refresh` adds a `<meta http-equiv="refresh">` of that many seconds.
-pub(crate) fn page(title: &str, body: &str, refresh: Option<u32>) -> String {
-    let mut out = String::with_capacity(body.len() + 2048);
-    out.push_str("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">");
-    if let Some(secs) = refresh {
-        let _ = write!(out, "<meta http-equiv=\"refresh\" content=\"{secs}\">");
+/// A whole page: the shell with navigation around `body`. `refresh` adds a
+/// `<meta http-equiv="refresh">` of that many seconds; `logout` (the CSRF
+/// token) adds a Log out button to the header.
+pub(crate) fn page(title: &str, body: Markup, refresh: Option<u32>, logout: Option<&str>) -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                @if let Some(secs) = refresh {
+                    meta http-equiv="refresh" content=(secs);
+                }
+                title { (title) " · Durastep" }
+                // The one raw output: a fixed style sheet, no data.
+                style { (PreEscaped(STYLE)) }
+            }
+            body {
+                header {
+                    b { "Durastep" }
+                    a href="/" { "Overview" }
+                    a href="/runs" { "Runs" }
+                    a href="/functions" { "Functions" }
+                    @if let Some(csrf) = logout {
+                        form.logout method="post" action="/logout" {
+                            input type="hidden" name="csrf" value=(csrf);
+                            button #logout type="submit" { "Log out" }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
     }
-    let _ = write!(
-        out,
-        "<title>{} · Durastep</title><style>{STYLE}</style></head><body>\
-         <header><b>Durastep</b><a href=\"/\">Overview</a><a href=\"/runs\">Runs</a>\
-         <a href=\"/functions\">Functions</a></header><main>{body}</main></body></html>",
-        esc(title)
-    );
-    out
+    .into_string()
+}
+
+/// [`page`], with a Log out button in the header when the dashboard has a token.
+pub(crate) fn app_page(app: &crate::App, title: &str, body: Markup, refresh: Option<u32>) -> Html<String> {
+    let logout = app.access.has_token().then(|| app.access.csrf());
+    Html(page(title, body, refresh, logout))
 }
 
 /// A run state as a coloured badge.
-pub(crate) fn state_badge(state: RunState) -> String {
-    format!("<span class=\"s s-{0}\">{0}</span>", state.as_str())
+pub(crate) fn state_badge(state: RunState) -> Markup {
+    html! { span class={ "s s-" (state.as_str()) } { (state.as_str()) } }
 }
 
-/// A time as `2026-11-29 10:04:05.123`, UTC.
+/// A time as `2026-11-29 10:04:05.123 UTC`.
 pub(crate) fn time(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%d %H:%M:%S%.3f").to_string()
+    t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string()
+}
+
+/// The first 8 hex digits of an id (the full id goes in the link's title).
+pub(crate) fn short_id(id: uuid::Uuid) -> String {
+    id.simple().to_string()[..8].to_owned()
 }
 
 /// An optional time, or a dash.
@@ -121,25 +129,27 @@ pub(crate) fn duration(d: Duration) -> String {
     }
 }
 
-/// Pretty-printed JSON, escaped, in a `<pre>`.
-pub(crate) fn json_block(v: &serde_json::Value) -> String {
+/// Pretty-printed JSON in a `<pre>`.
+pub(crate) fn json_block(v: &serde_json::Value) -> Markup {
     let text = serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
-    format!("<pre>{}</pre>", esc(&text))
+    html! { pre { (text) } }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn check(input: &str, expected: &str) {
-        assert_eq!(esc(input).to_string(), expected);
-    }
-
     #[test]
-    fn escapes_every_special_character() {
+    fn templates_escape_every_special_character() {
+        let check = |input: &str, expected: &str| {
+            assert_eq!(
+                html! { td title=(input) { (input) } }.into_string(),
+                format!(r#"<td title="{expected}">{expected}</td>"#)
+            );
+        };
         check("plain", "plain");
-        check("<script>alert('x')</script>", "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;");
-        check("a&b \"c\"", "a&amp;b &quot;c&quot;");
+        check("<script>alert(\"x\")</script>", "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;");
+        check("a&b", "a&amp;b");
         check("&amp;", "&amp;amp;");
         check("", "");
         check("ünïcødé <", "ünïcødé &lt;");

@@ -108,6 +108,10 @@ pub fn event(case: &EventCase, limits: &Limits) -> Result<(), LimitError> {
         }
         return verdict;
     }
+    if case.name.starts_with(limits::RESERVED_EVENT_PREFIX) {
+        assert!(matches!(verdict, Err(LimitError::ReservedName { .. })), "{verdict:?}");
+        return verdict;
+    }
     match &case.payload {
         Payload::Text(text) => {
             let expected = json_text(text, limits).and_then(|v| {

@@ -419,6 +419,7 @@ pub fn limits(src: &mut Source<'_>) -> Limits {
             0 => src.pick(&[0, 1, 8, 511, 512, 513, 1023, 1024, 1025, 4096, usize::MAX]),
             _ => src.below(2048) as usize,
         },
+        ..Limits::default()
     }
 }
 

@@ -134,7 +134,8 @@ fn json_text_gets_the_oracles_verdict() {
     let seed = seed("json_text");
     let started = Instant::now();
     let mut tally = Tally::default();
-    let wide = Limits { max_payload_bytes: 16 * 1024 * 1024, max_depth: 10_000, max_key_bytes: 4096 };
+    let wide =
+        Limits { max_payload_bytes: 16 * 1024 * 1024, max_depth: 10_000, max_key_bytes: 4096, ..Limits::default() };
     for text in corner_texts() {
         for limits in [Limits::default(), wide] {
             let verdict = check::json_text(&text, &limits);
@@ -208,7 +209,8 @@ const EVENT_DEPTH: usize = 1_000;
 fn deep_values_are_refused_without_recursion() {
     let seed = seed("deep_values");
     let mut src = Source::seeded(seed);
-    let wide = Limits { max_payload_bytes: 16 * 1024 * 1024, max_depth: 10_000, max_key_bytes: 4096 };
+    let wide =
+        Limits { max_payload_bytes: 16 * 1024 * 1024, max_depth: 10_000, max_key_bytes: 4096, ..Limits::default() };
     for &d in hostile::DEPTHS {
         for limits in [Limits::default(), wide] {
             let v = hostile::spine(&mut src, false, d);
@@ -515,6 +517,7 @@ async fn hostile_events_end_to_end_default_limits(_p: PgPoolOptions, opts: PgCon
 /// ceiling applies), 4,096-byte names.
 #[sqlx::test(migrations = false)]
 async fn hostile_events_end_to_end_wide_limits(_p: PgPoolOptions, opts: PgConnectOptions) {
-    let wide = Limits { max_payload_bytes: 16 * 1024 * 1024, max_depth: 10_000, max_key_bytes: 4096 };
+    let wide =
+        Limits { max_payload_bytes: 16 * 1024 * 1024, max_depth: 10_000, max_key_bytes: 4096, ..Limits::default() };
     send_hostile_events(opts, wide, cases(150), "e2e_wide_limits").await;
 }

@@ -4,6 +4,8 @@
 //! Architecture invariant: every SQL statement the harness runs on the engine's
 //! tables is in this module, and none of them writes.
 
+pub mod workload;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 

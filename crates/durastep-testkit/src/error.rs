@@ -14,6 +14,9 @@ pub enum Error {
     /// A query of the harness failed.
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
+    /// A throwaway Postgres cluster could not be started, restarted or stopped.
+    #[error("throwaway postgres: {0}")]
+    Postgres(#[from] durastep_localpg::Error),
     /// The engine refused something (building it, sending an event).
     #[error("durastep: {0}")]
     Durastep(#[from] durastep::Error),

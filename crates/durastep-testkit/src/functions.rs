@@ -372,19 +372,23 @@ pub fn all(settings: FunctionSettings, ledger: &Ledger) -> Vec<Function> {
         five_steps(settings, ledger.clone()),
         slow_step(settings, ledger.clone()),
         flow(FLOW_PER_KEY, FLOW_PER_KEY_EVENT, ledger.clone())
-            .concurrency(FLOW_PER_KEY_LIMIT as u32, Some("/account"))
+            .concurrency(durastep::Concurrency::new(FLOW_PER_KEY_LIMIT as u32).key("/account"))
             .handler(flow_handler(ledger.clone())),
         flow(FLOW_SHARED[0], FLOW_SHARED_EVENTS[0], ledger.clone())
-            .concurrency_shared(FLOW_SHARED_LIMIT, 1, None)
+            .concurrency(durastep::Concurrency::new(1).shared(FLOW_SHARED_LIMIT))
             .handler(flow_handler(ledger.clone())),
         flow(FLOW_SHARED[1], FLOW_SHARED_EVENTS[1], ledger.clone())
-            .concurrency_shared(FLOW_SHARED_LIMIT, 1, None)
+            .concurrency(durastep::Concurrency::new(1).shared(FLOW_SHARED_LIMIT))
             .handler(flow_handler(ledger.clone())),
         flow(FLOW_THROTTLE, FLOW_THROTTLE_EVENT, ledger.clone())
-            .throttle(FLOW_THROTTLE_LIMIT, FLOW_THROTTLE_PERIOD, FLOW_THROTTLE_BURST, Some("/account"))
+            .throttle(
+                durastep::Throttle::new(FLOW_THROTTLE_LIMIT, FLOW_THROTTLE_PERIOD)
+                    .burst(FLOW_THROTTLE_BURST)
+                    .key("/account"),
+            )
             .handler(flow_handler(ledger.clone())),
         flow(FLOW_RATE, FLOW_RATE_EVENT, ledger.clone())
-            .rate_limit(FLOW_RATE_LIMIT, FLOW_RATE_PERIOD, Some("/account"))
+            .rate_limit(durastep::RateLimit::new(FLOW_RATE_LIMIT, FLOW_RATE_PERIOD).key("/account"))
             .handler(flow_handler(ledger.clone())),
         backpressure(FLOW_BACKPRESSURE[0], FLOW_BACKPRESSURE_EVENTS[0], ledger.clone()),
         backpressure(FLOW_BACKPRESSURE[1], FLOW_BACKPRESSURE_EVENTS[1], ledger.clone()),
@@ -395,8 +399,11 @@ pub fn all(settings: FunctionSettings, ledger: &Ledger) -> Vec<Function> {
 
 /// A back-pressure function: no retries, so a pause that used one up would fail the run.
 fn backpressure(id: &str, event: &str, ledger: Ledger) -> Function {
-    Function::new(id).on_event(event).retries(0).backpressure_shared(FLOW_BACKPRESSURE_RULE, Some("/account")).handler(
-        move |ctx: Ctx, input: BackpressureInput| {
+    Function::new(id)
+        .on_event(event)
+        .retries(0)
+        .backpressure(durastep::Backpressure::new().key("/account").shared(FLOW_BACKPRESSURE_RULE))
+        .handler(move |ctx: Ctx, input: BackpressureInput| {
             let ledger = ledger.clone();
             async move {
                 let row = ledger.begin(ctx.run_id(), FLOW_ATTEMPT_KEY, ctx.attempt()).await?;
@@ -409,8 +416,7 @@ fn backpressure(id: &str, event: &str, ledger: Ledger) -> Function {
                     _ => Ok(input.n),
                 }
             }
-        },
-    )
+        })
 }
 
 fn flow(id: &str, event: &str, _ledger: Ledger) -> durastep::FunctionBuilder {
@@ -537,13 +543,11 @@ fn mixed(ledger: Ledger) -> Function {
                     ctx.step("one", || async move { recorded(&c, &l, "one", delay, mixed_one(input.n)).await }).await?;
                 let (c, l) = (ctx.clone(), ledger.clone());
                 let record: u64 = ctx
-                    .step_tx("record", move |conn| {
-                        Box::pin(async move {
-                            let row = l.begin(c.run_id(), "record", c.attempt()).await?;
-                            l.tx_effect(conn, c.run_id()).await?;
-                            l.end(row).await?;
-                            Ok(one + 1)
-                        })
+                    .step_tx("record", async move |conn| {
+                        let row = l.begin(c.run_id(), "record", c.attempt()).await?;
+                        l.tx_effect(conn, c.run_id()).await?;
+                        l.end(row).await?;
+                        Ok(one + 1)
                     })
                     .await?;
                 let nap = input.nap_ms.map_or(MIXED_NAP, Duration::from_millis);

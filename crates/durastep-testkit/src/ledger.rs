@@ -53,6 +53,16 @@ CREATE TABLE IF NOT EXISTS testkit_tx_effects (
     pid        integer NOT NULL,
     created_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+-- Rows written by the workload's step_tx steps inside their transaction, with
+-- the run's lease epoch as the transaction read it: at most one per stored step.
+CREATE TABLE IF NOT EXISTS testkit_wl_tx (
+    id         bigserial PRIMARY KEY,
+    run_id     uuid NOT NULL,
+    step_key   text NOT NULL,
+    lease_epoch bigint NOT NULL,
+    pid        integer NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 -- A model of an external service that honours idempotency keys (a payment API):
 -- one row per key, however often it is called with that key.
 CREATE TABLE IF NOT EXISTS testkit_external (
@@ -163,9 +173,29 @@ impl Ledger {
     /// # let _ = id; Ok(()) }
     /// ```
     pub async fn begin(&self, run_id: Uuid, step_key: &str, attempt: u32) -> Result<i64> {
+        self.insert_begin(run_id, step_key, attempt, None).await
+    }
+
+    /// Like [`Ledger::begin`], for an execution whose attempt's lease epoch the
+    /// caller knows (a handler body: `Ctx::lease_epoch`). The run's current
+    /// epoch may already be a later attempt's, when this one started late.
+    ///
+    /// ```no_run
+    /// # async fn demo(ledger: durastep_testkit::Ledger, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+    /// let id = ledger.begin_at_epoch(run, "body", 1, 1).await?;
+    /// # let _ = id; Ok(()) }
+    /// ```
+    pub async fn begin_at_epoch(&self, run_id: Uuid, step_key: &str, attempt: u32, epoch: i64) -> Result<i64> {
+        self.insert_begin(run_id, step_key, attempt, Some(epoch)).await
+    }
+
+    /// The ledger row of an execution that starts; without `epoch`, the run's
+    /// current lease epoch.
+    async fn insert_begin(&self, run_id: Uuid, step_key: &str, attempt: u32, epoch: Option<i64>) -> Result<i64> {
         let id = sqlx::query_scalar(
             "INSERT INTO testkit_ledger (run_id, step_key, attempt, lease_epoch, pid, worker, worker_clock, db_started)
-             SELECT $1, $2, $3, (SELECT lease_epoch FROM durastep.runs WHERE id = $1), $4, $5, $6, durastep.now()
+             SELECT $1, $2, $3, coalesce($7::bigint, (SELECT lease_epoch FROM durastep.runs WHERE id = $1)),
+                    $4, $5, $6, durastep.now()
              RETURNING id",
         )
         .bind(run_id)
@@ -174,6 +204,7 @@ impl Ledger {
         .bind(self.pid)
         .bind(&self.worker)
         .bind(Utc::now())
+        .bind(epoch)
         .fetch_one(&self.pool)
         .await?;
         Ok(id)
@@ -192,6 +223,48 @@ impl Ledger {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+}
+
+impl Ledger {
+    /// Records that the step body with this ledger row finished at `at` (the
+    /// worker's wall clock: the moment a dropped body stopped, not when the
+    /// update reached the database).
+    ///
+    /// ```no_run
+    /// # async fn demo(ledger: durastep_testkit::Ledger, id: i64) -> durastep_testkit::Result<()> {
+    /// ledger.end_at(id, chrono::Utc::now()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn end_at(&self, id: i64, at: DateTime<Utc>) -> Result<()> {
+        sqlx::query("UPDATE testkit_ledger SET ended_at = $2 WHERE id = $1 AND ended_at IS NULL")
+            .bind(id)
+            .bind(at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Inside a workload `step_tx` body: one `testkit_wl_tx` row on the step's
+    /// own connection, with the run's lease epoch as this transaction reads
+    /// it; returns that epoch.
+    ///
+    /// ```no_run
+    /// # async fn demo(ledger: durastep_testkit::Ledger, conn: &mut sqlx::PgConnection, run: uuid::Uuid) -> durastep_testkit::Result<()> {
+    /// let epoch = ledger.wl_tx_effect(conn, run, "t0").await?;
+    /// # let _ = epoch; Ok(()) }
+    /// ```
+    pub async fn wl_tx_effect(&self, conn: &mut sqlx::PgConnection, run_id: Uuid, step_key: &str) -> Result<i64> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO testkit_wl_tx (run_id, step_key, lease_epoch, pid)
+             SELECT $1, $2, (SELECT lease_epoch FROM durastep.runs WHERE id = $1), $3
+             RETURNING lease_epoch",
+        )
+        .bind(run_id)
+        .bind(step_key)
+        .bind(self.pid)
+        .fetch_one(conn)
+        .await?)
     }
 }
 

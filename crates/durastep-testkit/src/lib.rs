@@ -30,6 +30,11 @@
 //!   free port, for tests that restart or crash the server.
 //! - **Tiers and seeds** ([`tier`]): `DURASTEP_SOAK=1` scales a suite up;
 //!   randomized tests print their seed and replay `DURASTEP_SEED`.
+//! - **A randomized workload against a model** ([`workload`]): seeded random
+//!   programs over every primitive and flow rule (interpreted from the event
+//!   payload, so the worker binary runs them with `--workload`), operator
+//!   actions and faults over time, and an oracle over the database afterwards
+//!   ([`checks::workload`]).
 //!
 //! ```no_run
 //! use durastep_testkit::{Cluster, FiveSteps, WorkerConfig, checks, ledger};
@@ -89,6 +94,7 @@ pub mod process;
 pub mod proxy;
 pub mod tier;
 mod wait;
+pub mod workload;
 
 pub use cluster::{Cluster, KEEP_LOGS, READY_TIMEOUT};
 pub use error::{Error, Result};

@@ -64,6 +64,9 @@ pub struct WorkerConfig {
     pub log_filter: Option<String>,
     /// More environment variables for the process.
     pub env: Vec<(String, String)>,
+    /// Also register the randomized workload's functions (`--workload`; see
+    /// [`crate::workload`]). Off by default: they include a cron function.
+    pub workload: bool,
     /// The database URL this worker uses instead of the cluster's (say,
     /// through a [`crate::proxy::Proxy`] listener of its own). The harness's
     /// own pool keeps the cluster's URL.
@@ -89,6 +92,7 @@ impl Default for WorkerConfig {
             failpoints: None,
             log_filter: None,
             env: Vec::new(),
+            workload: false,
             database_url: None,
         }
     }
@@ -155,6 +159,9 @@ impl WorkerConfig {
         }
         if self.ledger_synchronous_commit {
             args.push("--ledger-synchronous-commit".into());
+        }
+        if self.workload {
+            args.push("--workload".into());
         }
         args
     }

@@ -35,12 +35,15 @@ async fn two_hundred_stale_checkpoints_are_all_rejected(_p: PgPoolOptions, opts:
     let stalls = tier::scaled(20, 200);
     let mut c = Cluster::start(BIN, url_of(&opts)).await.unwrap();
     let long = Duration::from_secs(600);
-    // A's slow body (500 ms) outlasts the harness's reaction (it is frozen a few
-    // tens of ms in) and is over soon after A is resumed.
+    // A's slow body (1 s) outlasts the harness's reaction (it is frozen a few
+    // tens of ms in) and is over soon after A is resumed. A is paused while a
+    // stall's runs are sent, so that one claim takes all of them and their
+    // bodies start together: sent one by one to a running A on a busy
+    // machine, the first body could end before the last one started.
     let a_config = WorkerConfig {
         lease: long,
         heartbeat: long,
-        slow_step: Duration::from_millis(500),
+        slow_step: Duration::from_millis(1000),
         max_in_flight: 16,
         claim_batch: 16,
         ..WorkerConfig::default()
@@ -60,10 +63,12 @@ async fn two_hundred_stale_checkpoints_are_all_rejected(_p: PgPoolOptions, opts:
 
     for stall in 0..stalls {
         let mut runs = Vec::with_capacity(PER_STALL);
+        c.worker(a).pause().await.unwrap();
         for i in 0..PER_STALL {
             let n = (stall * PER_STALL + i) as u64;
             runs.push(c.send_slow_step(SlowStep { n, sleep_ms: None }).await.unwrap());
         }
+        c.worker(a).resume().await.unwrap();
         let pool = c.pool().clone();
         let mine = runs.clone();
         wait_for("A to start the slow bodies of this stall's runs", WAIT, || {

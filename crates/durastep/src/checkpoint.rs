@@ -7,6 +7,10 @@
 //! grows with the number of runs in flight instead of stopping at one commit per
 //! step.
 //!
+//! A run row locked by another transaction (an application's `send_in` that
+//! cancels the run, left open) does not hold up the batch: the flush skips it
+//! and that run's writes are flushed apart, waiting for the lock.
+//!
 //! Architecture invariant: a flush is idempotent, so after an ambiguous failure
 //! (the connection dropped during COMMIT) it is simply sent again: a checkpoint
 //! that did land is adopted, a completion that did land is recognised by its epoch.
@@ -19,14 +23,25 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::is_transient_sqlx;
-use crate::store::{self, PendingWrite, WriteOutcome};
+use crate::store::{self, Flushed, LockWait, PendingWrite, WriteOutcome};
 
 type Reply = oneshot::Sender<Result<WriteOutcome, String>>;
+
+/// Most bytes of outputs in one flush statement. Postgres refuses a message
+/// over 1 GB, and each output may be as large as `Limits::max_payload_bytes`
+/// (up to 255 MiB): a batch is cut into statements of at most this many bytes
+/// (a single larger write goes alone), so many large steps at once never make
+/// one statement approach the limit.
+pub(crate) const MAX_FLUSH_BYTES: usize = 32 * 1024 * 1024;
+
+/// Most writes waiting for a writer task; a step that finds the queue full
+/// waits for room (back-pressure) instead of growing memory without bound.
+pub(crate) const QUEUE_CAPACITY: usize = 4096;
 
 /// The sending side, cloned into every attempt's context.
 #[derive(Clone)]
 pub(crate) struct Writer {
-    queue: mpsc::UnboundedSender<(PendingWrite, Reply)>,
+    queue: mpsc::Sender<(PendingWrite, Reply)>,
 }
 
 /// How the writer tasks behave.
@@ -40,6 +55,13 @@ pub(crate) struct WriterConfig {
 }
 
 impl Writer {
+    /// A writer that writes nothing (every write fails): for dry replays,
+    /// which stop before their first write.
+    pub(crate) fn closed() -> Writer {
+        let (queue, _) = mpsc::channel(1);
+        Writer { queue }
+    }
+
     /// Starts the writer tasks. They stop when every `Writer` clone is dropped,
     /// or when `stop` is cancelled, after flushing what is already queued.
     pub(crate) fn spawn(
@@ -47,7 +69,7 @@ impl Writer {
         stop: CancellationToken,
         config: WriterConfig,
     ) -> (Writer, Vec<tokio::task::JoinHandle<()>>) {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let rx = Arc::new(Mutex::new(rx));
         // Supervised: a panicking flush fails its own batch (its steps see an
         // error and their attempts are retried), and the writer goes on.
@@ -65,14 +87,14 @@ impl Writer {
     /// Queues one write and waits until it is durable (or refused).
     pub(crate) async fn write(&self, write: PendingWrite) -> Result<WriteOutcome, String> {
         let (reply, answer) = oneshot::channel();
-        self.queue.send((write, reply)).map_err(|_| "the worker is shutting down".to_owned())?;
+        self.queue.send((write, reply)).await.map_err(|_| "the worker is shutting down".to_owned())?;
         answer.await.map_err(|_| "the writer stopped".to_owned())?
     }
 }
 
 async fn writer_task(
     pool: PgPool,
-    rx: Arc<Mutex<mpsc::UnboundedReceiver<(PendingWrite, Reply)>>>,
+    rx: Arc<Mutex<mpsc::Receiver<(PendingWrite, Reply)>>>,
     stop: CancellationToken,
     config: WriterConfig,
 ) {
@@ -102,51 +124,191 @@ async fn writer_task(
             }
         }
         let (writes, replies): (Vec<PendingWrite>, Vec<Reply>) = batch.drain(..).unzip();
-        let started = Instant::now();
-        let result = flush_with_retry(&pool, &writes, config.retry_for).await;
-        crate::metrics::checkpoint_flushed(started.elapsed(), writes.len());
-        match result {
-            Ok(outcomes) => {
-                for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                    let _ = reply.send(Ok(outcome));
+        let ranges = chunks_by_bytes(&writes, MAX_FLUSH_BYTES);
+        // Moved, not copied: a batch carries every pending output.
+        let (mut writes, mut replies) = (writes.into_iter(), replies.into_iter());
+        for range in ranges {
+            let chunk: Vec<PendingWrite> = writes.by_ref().take(range.len()).collect();
+            let chunk_replies: Vec<Reply> = replies.by_ref().take(range.len()).collect();
+            flush_chunk(&pool, chunk, chunk_replies, config.retry_for).await;
+        }
+    }
+}
+
+/// Flushes one chunk and answers its writes, skipping run rows that another
+/// transaction holds locked (those are flushed apart, waiting for their locks,
+/// so the next batches go on). If the server refuses a chunk of several writes,
+/// each is flushed alone: one write the database refuses (an oversized value,
+/// say) fails only its own step, not the others.
+async fn flush_chunk(pool: &PgPool, writes: Vec<PendingWrite>, replies: Vec<Reply>, retry_for: Duration) {
+    let started = Instant::now();
+    let result = flush_with_retry(pool, &writes, retry_for, LockWait::Skip).await;
+    crate::metrics::checkpoint_flushed(started.elapsed(), writes.len());
+    match result {
+        Ok(outcomes) => {
+            let (mut done, mut busy) = (Vec::new(), Vec::new());
+            for ((write, reply), outcome) in writes.into_iter().zip(replies).zip(outcomes) {
+                match outcome {
+                    Flushed::Done(o) => done.push((write, reply, o)),
+                    Flushed::Busy => busy.push((write, reply)),
                 }
             }
-            Err(e) => {
-                let message = e.to_string();
-                for reply in replies {
-                    let _ = reply.send(Err(message.clone()));
-                }
+            if !busy.is_empty() {
+                tracing::debug!(writes = busy.len(), "run rows locked by another transaction; flushing them apart");
+                tokio::spawn(flush_apart(pool.clone(), busy, retry_for));
+            }
+            // The commit landed but the worker is told it failed (the ambiguous
+            // case), for the writes this flush stored; those it skipped as
+            // locked are already on their way apart, so a panic here cannot
+            // drop them unstored. The error is retried as a failed commit is:
+            // the writes are flushed again and adopt what landed.
+            #[cfg(feature = "failpoints")]
+            if crate::failpoints::eval("checkpoint-after-commit").await {
+                tracing::warn!("failpoint checkpoint-after-commit: flushing the chunk's stored writes again");
+                let again = done.into_iter().map(|(write, reply, _)| (write, reply)).collect();
+                flush_apart(pool.clone(), again, retry_for).await;
+                return;
+            }
+            for (_, reply, outcome) in done {
+                let _ = reply.send(Ok(outcome));
+            }
+        }
+        // Only a refusal by the server (an oversized value, say) is worth
+        // retrying write by write; any other error fails the whole chunk.
+        Err(e) if writes.len() > 1 && matches!(e, sqlx::Error::Database(_)) && !is_transient_sqlx(&e) => {
+            tracing::warn!(error = %e, writes = writes.len(), "checkpoint flush refused; storing its writes one by one");
+            for (write, reply) in writes.into_iter().zip(replies) {
+                flush_apart(pool.clone(), vec![(write, reply)], retry_for).await;
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            for reply in replies {
+                let _ = reply.send(Err(message.clone()));
             }
         }
     }
+}
+
+/// Flushes writes apart from the batch, waiting for their run rows' locks.
+async fn flush_apart(pool: PgPool, busy: Vec<(PendingWrite, Reply)>, retry_for: Duration) {
+    let (writes, replies): (Vec<PendingWrite>, Vec<Reply>) = busy.into_iter().unzip();
+    match flush_with_retry(&pool, &writes, retry_for, LockWait::Wait).await {
+        Ok(outcomes) => {
+            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                let outcome = match outcome {
+                    Flushed::Done(o) => Ok(o),
+                    Flushed::Busy => Err("run row locked".to_owned()),
+                };
+                let _ = reply.send(outcome);
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            for reply in replies {
+                let _ = reply.send(Err(message.clone()));
+            }
+        }
+    }
+}
+
+/// Cuts a batch into consecutive ranges whose outputs total at most `cap`
+/// bytes each; a single write over `cap` makes a range of its own.
+fn chunks_by_bytes(writes: &[PendingWrite], cap: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0usize);
+    for (i, w) in writes.iter().enumerate() {
+        let size = w.output_len();
+        if i > start && bytes + size > cap {
+            out.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < writes.len() {
+        out.push(start..writes.len());
+    }
+    out
 }
 
 async fn flush_with_retry(
     pool: &PgPool,
     writes: &[PendingWrite],
     retry_for: Duration,
-) -> Result<Vec<WriteOutcome>, sqlx::Error> {
+    locks: LockWait,
+) -> Result<Vec<Flushed>, sqlx::Error> {
     let started = Instant::now();
     let mut delay = Duration::from_millis(20);
+    // The checkpoint failpoints fire on a batch's own flush only, once per
+    // try, as the fault suite's model counts them; not again when a write
+    // whose row was locked (or that the server refused) is stored apart.
+    // (`checkpoint-after-commit` fires in `flush_chunk`, after the flush.)
+    #[cfg(feature = "failpoints")]
+    let faults = matches!(locks, LockWait::Skip);
     loop {
         #[cfg(feature = "failpoints")]
-        if crate::failpoints::eval("checkpoint-before-commit").await {
+        if faults && crate::failpoints::eval("checkpoint-before-commit").await {
             return Err(sqlx::Error::Protocol("failpoint checkpoint-before-commit".into()));
         }
-        #[allow(unused_mut)]
-        let mut result = store::flush_writes(pool, writes).await;
-        #[cfg(feature = "failpoints")]
-        if result.is_ok() && crate::failpoints::eval("checkpoint-after-commit").await {
-            // The commit landed but the worker is told it failed: the ambiguous case.
-            result = Err(sqlx::Error::Protocol("failpoint checkpoint-after-commit".into()));
-        }
-        match result {
+        match store::flush_writes(pool, writes, locks).await {
             Err(e) if is_transient_sqlx(&e) && started.elapsed() < retry_for => {
                 tracing::warn!(error = %e, "checkpoint flush failed; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(1));
             }
             other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StepTiming;
+
+    fn cp(bytes: usize) -> PendingWrite {
+        let timing = StepTiming { started_at: chrono::Utc::now(), finished_at: chrono::Utc::now(), attempt: 1 };
+        PendingWrite::Checkpoint {
+            fence: crate::store::Fence::unclaimed_for_tests(uuid::Uuid::nil(), 1),
+            key: "k".into(),
+            output: "x".repeat(bytes),
+            timing,
+            entry: (1, crate::journal::EntryKind::Step),
+        }
+    }
+
+    /// Catches: a group-commit batch had no byte cap (512 writes of up to
+    /// 255 MiB each in one statement, far past Postgres' 1 GB message limit).
+    #[test]
+    fn batches_are_cut_by_bytes_and_an_oversized_write_goes_alone() {
+        let writes: Vec<PendingWrite> = [4, 4, 4, 20, 1, 1].into_iter().map(cp).collect();
+        assert_eq!(chunks_by_bytes(&writes, 10), vec![0..2, 2..3, 3..4, 4..6]);
+        assert_eq!(chunks_by_bytes(&writes, 100), vec![0..6]);
+        assert!(chunks_by_bytes(&[], 10).is_empty());
+        // 512 writes of 1 MiB (the default payload limit; 512 MiB in all) make
+        // 17 statements of at most 32 MiB each.
+        let big: Vec<PendingWrite> = (0..512).map(|_| cp(1024 * 1024)).collect();
+        let chunks = chunks_by_bytes(&big, MAX_FLUSH_BYTES);
+        assert_eq!(chunks.len(), 17);
+        assert_eq!(chunks.iter().map(|r| r.len()).sum::<usize>(), 512);
+        for r in chunks {
+            assert!(big[r].iter().map(PendingWrite::output_len).sum::<usize>() <= MAX_FLUSH_BYTES);
+        }
+    }
+
+    /// Catches: the writer queue was an unbounded channel, so steps that
+    /// produce faster than the database commits grew memory without bound.
+    #[tokio::test]
+    async fn the_writer_queue_is_bounded() {
+        let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://nobody@127.0.0.1:1/none").unwrap();
+        let stop = CancellationToken::new();
+        let config = WriterConfig { tasks: 1, max_batch: 1, retry_for: Duration::ZERO };
+        let (writer, handles) = Writer::spawn(pool, stop.clone(), config);
+        assert_eq!(writer.queue.max_capacity(), QUEUE_CAPACITY);
+        stop.cancel();
+        drop(writer);
+        for h in handles {
+            let _ = h.await;
         }
     }
 }

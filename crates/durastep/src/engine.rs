@@ -1,6 +1,6 @@
 //! The engine: one builder, sending events, running workers, looking at runs.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +20,26 @@ use crate::schedule::{self, CatchUp, Schedule};
 use crate::store;
 use crate::worker::{self, WorkerOptions};
 
-/// A registered function, as the worker executes it.
+/// The registered versions of one function id.
+pub(crate) struct Versions {
+    /// The newest registered version: new runs start under it.
+    pub newest: u32,
+    /// Each registered version's handler (the newest's included).
+    pub by_version: BTreeMap<u32, Registered>,
+    /// The newest registration has no claim-time flow rule (concurrency,
+    /// throttle, rate limit, back-pressure) and no start or finish timeout:
+    /// its runs are taken by the fast claim.
+    pub fast_claim: bool,
+}
+
+impl Versions {
+    /// The newest version's registration.
+    pub fn newest(&self) -> Option<&Registered> {
+        self.by_version.get(&self.newest)
+    }
+}
+
+/// One registered version of a function, as the worker executes it.
 pub(crate) struct Registered {
     pub handler: ErasedHandler,
     pub backoff: Backoff,
@@ -28,13 +47,15 @@ pub(crate) struct Registered {
     pub backpressure: bool,
     /// The cron schedule and its catch-up policy, for functions with `on_cron`.
     pub schedule: Option<(Schedule, CatchUp)>,
+    /// The default timeout of each step body.
+    pub step_timeout: Option<Duration>,
 }
 
 pub(crate) struct EngineInner {
     pub pool: PgPool,
     /// Heartbeats, the reaper and LISTEN: never starved by user steps.
     pub control_pool: PgPool,
-    pub functions: HashMap<String, Registered>,
+    pub functions: HashMap<String, Versions>,
     pub limits: Limits,
     pub worker: WorkerOptions,
     /// Seals step outputs and run outputs at rest, when set.
@@ -42,6 +63,41 @@ pub(crate) struct EngineInner {
     /// Per event name, the (function, key pointer) pairs its data must carry for
     /// the flow control of functions registered here: checked before any SQL.
     pub key_checks: HashMap<String, Vec<(String, String)>>,
+    /// The test kit's crash and failure injection, set by `testing::TestEngine`.
+    #[cfg(feature = "testing")]
+    pub probe: std::sync::OnceLock<Arc<crate::testing::Probe>>,
+}
+
+impl EngineInner {
+    /// The handler of a run of `function_id` started under `version`, if this engine registers it.
+    pub(crate) fn handler(&self, function_id: &str, version: i32) -> Option<&Registered> {
+        let version = u32::try_from(version).ok()?;
+        self.functions.get(function_id)?.by_version.get(&version)
+    }
+
+    /// Every (function, version) this engine has a handler for, as the claim takes them.
+    pub(crate) fn handled(&self) -> store::Handled {
+        self.handled_where(|_| true)
+    }
+
+    /// [`EngineInner::handled`] of the functions whose runs the fast claim
+    /// takes (no claim-time flow rule, no timeout), and of the others.
+    pub(crate) fn handled_by_claim(&self) -> (store::Handled, store::Handled) {
+        (self.handled_where(|v| v.fast_claim), self.handled_where(|v| !v.fast_claim))
+    }
+
+    fn handled_where(&self, keep: impl Fn(&Versions) -> bool) -> store::Handled {
+        let mut ids: Vec<String> = self.functions.iter().filter(|(_, v)| keep(v)).map(|(id, _)| id.clone()).collect();
+        ids.sort();
+        let (mut version_ids, mut versions) = (Vec::new(), Vec::new());
+        for id in &ids {
+            for v in self.functions[id].by_version.keys() {
+                version_ids.push(id.clone());
+                versions.push(i32::try_from(*v).unwrap_or(i32::MAX));
+            }
+        }
+        store::Handled { ids, version_ids, versions }
+    }
 }
 
 /// The handle to Durastep: sends events, runs workers, reads runs. Cheap to clone.
@@ -67,7 +123,7 @@ pub(crate) struct EngineInner {
 /// ```
 #[derive(Clone)]
 pub struct Engine {
-    inner: Arc<EngineInner>,
+    pub(crate) inner: Arc<EngineInner>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -142,10 +198,9 @@ impl Engine {
     /// ```
     pub async fn send_batch(&self, events: Vec<Event>) -> Result<Vec<SendReceipt>, Error> {
         let prepared = self.prepare(&events)?;
-        let mut tx = self.inner.pool.begin().await.map_err(from_sqlx)?;
-        let receipts = insert(&mut tx, &prepared).await?;
-        tx.commit().await.map_err(from_sqlx)?;
-        Ok(receipts)
+        // One statement (`durastep.send_events`), its own transaction: one round trip, one commit.
+        let mut conn = self.inner.pool.acquire().await.map_err(from_sqlx)?;
+        insert(&mut conn, &prepared).await
     }
 
     /// Sends an event inside the caller's transaction: it is stored, and its runs
@@ -171,10 +226,14 @@ impl Engine {
     }
 
     fn prepare(&self, events: &[Event]) -> Result<Vec<store::NewEvent>, Error> {
+        limits::check_batch(events.len(), 0, &self.inner.limits)?;
+        let mut bytes = 0usize;
         events
             .iter()
             .map(|e| {
                 let prepared = e.prepare(&self.inner.limits)?;
+                bytes = bytes.saturating_add(prepared.payload.len());
+                limits::check_batch(events.len(), bytes, &self.inner.limits)?;
                 if let Some(checks) = self.inner.key_checks.get(e.name()) {
                     // Refused here when this engine knows the function (so `send_in`
                     // does not abort the caller's transaction); the insert checks again
@@ -215,14 +274,18 @@ impl Engine {
     /// ```
     pub async fn run(&self, run_id: Uuid) -> Result<Run, Error> {
         let row = store::load_run(&self.inner.pool, run_id).await.map_err(from_sqlx)?;
-        let mut run = row.map(Run::from).ok_or(Error::UnknownRun(run_id))?;
-        // Shown opened when this engine holds the key; otherwise as stored (sealed).
-        // (The keyring is checked first: `take()` must not run without one.)
-        if let Some(keyring) = self.inner.keyring.as_deref()
-            && let Some(output) = run.output.take()
-        {
-            let aad = codec::output_aad(run_id);
-            run.output = Some(keyring.open(&aad, output.clone()).unwrap_or(output));
+        let row = row.ok_or(Error::UnknownRun(run_id))?;
+        let place = row.output_place();
+        let mut run = Run::from(row);
+        // Opened when this engine holds the key, and an output that does not
+        // open is an error (never the envelope handed back as the output).
+        // Without a key, a sealed output is shown as stored.
+        if let Some(output) = run.output.take() {
+            run.output = Some(match codec::open_value(self.inner.keyring.as_deref(), &place, output.clone()) {
+                Ok(v) => v,
+                Err(codec::CodecError::NoKeyring) => output,
+                Err(e) => return Err(Error::Codec { run_id, error: e }),
+            });
         }
         Ok(run)
     }
@@ -277,9 +340,12 @@ impl Engine {
     /// once and never executes again. A running run stops at its next step
     /// boundary: every later write of its attempt (checkpoint, sleep, wait,
     /// completion, failure) matches nothing, and its worker drops the handler
-    /// when it notices (at that write, or its next heartbeat). No step result is
-    /// stored after the cancel commits; a step body already executing runs to its
-    /// end, and its result is discarded.
+    /// as soon as it learns of the cancel: at once, by a notification sent when
+    /// the cancel commits (or at that write, or its next heartbeat, if the
+    /// notification is missed). No step result is stored after the cancel
+    /// commits; a step body already executing runs until the handler is dropped
+    /// (its next `.await`), and its result is discarded. Until then the attempt
+    /// keeps its concurrency slots, so no other run of its key starts beside it.
     ///
     /// Errors: [`Error::UnknownRun`] for an id no run has, and
     /// [`Error::RunFinished`] for a run already completed, failed or cancelled
@@ -296,18 +362,24 @@ impl Engine {
     /// ```
     pub async fn cancel(&self, run_id: Uuid, reason: &str) -> Result<(), Error> {
         limits::check_name("cancel reason", reason, &self.inner.limits)?;
+        crate::failpoint!(
+            "cancel-before-commit",
+            Err(Error::Database(sqlx::Error::Protocol("failpoint cancel-before-commit".into())))
+        );
         match store::cancel_run(&self.inner.pool, run_id, reason).await.map_err(from_sqlx)? {
             store::CancelOutcome::Unknown => Err(Error::UnknownRun(run_id)),
-            store::CancelOutcome::Finished(state) => Err(Error::RunFinished { run_id, state: RunState::parse(&state) }),
+            store::CancelOutcome::Finished(state) => Err(Error::RunFinished { run_id, state }),
+            // The cancel is stored but its acknowledgement is "lost".
+            store::CancelOutcome::Cancelled if crate::failpoint_fires!("cancel-after-commit") => {
+                Err(Error::Database(sqlx::Error::Protocol("failpoint cancel-after-commit".into())))
+            }
             store::CancelOutcome::Cancelled => Ok(()),
         }
     }
 }
 
-/// Locks the topics of the events' names, then inserts them (fan-out, cancel_on, waits).
+/// Inserts events (topic locks, fan-out, cancel_on, waits: one statement).
 pub(crate) async fn insert(conn: &mut PgConnection, events: &[store::NewEvent]) -> Result<Vec<SendReceipt>, Error> {
-    let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
-    store::lock_topics(conn, &names).await.map_err(from_sqlx)?;
     let inserted = store::insert_events(conn, events).await.map_err(from_sqlx)?;
     Ok(inserted
         .into_iter()
@@ -372,6 +444,23 @@ impl EngineBuilder {
         self
     }
 
+    /// Registers many functions at once (a `Vec`, an array, an iterator),
+    /// like calling [`EngineBuilder::function`] for each.
+    ///
+    /// ```
+    /// use durastep::Function;
+    /// let all = vec![
+    ///     Function::new("a").on_event("e").handler(|_c, _x: ()| async { Ok(()) }),
+    ///     Function::new("b").on_event("e").handler(|_c, _x: ()| async { Ok(()) }),
+    /// ];
+    /// let b = durastep::Engine::builder().functions(all);
+    /// # let _ = b;
+    /// ```
+    pub fn functions(mut self, functions: impl IntoIterator<Item = Function>) -> Self {
+        self.functions.extend(functions);
+        self
+    }
+
     /// Whether `build` applies the schema migrations (default true). Turn it off
     /// where migrations run separately, with [`crate::migrate`].
     ///
@@ -427,141 +516,277 @@ impl EngineBuilder {
     /// let engine = durastep::Engine::builder().database_url("postgres://postgres@127.0.0.1/postgres").build().await?;
     /// # let _ = engine; Ok(()) }
     /// ```
-    pub async fn build(self) -> Result<Engine, Error> {
-        let mut functions = HashMap::new();
-        let mut rows = Vec::new();
-        let mut flow = store::FlowRows { function_ids: Vec::new(), rules: Vec::new(), options: Vec::new() };
-        let mut key_checks: HashMap<String, Vec<(String, String)>> = HashMap::new();
-        let mut shared: HashMap<String, crate::flow::StoredRule> = HashMap::new();
-        let mut schedules = Vec::new();
-        for f in self.functions {
-            limits::check_function_id(&f.id, &self.limits)?;
-            for t in &f.triggers {
-                limits::check_name("event name", t, &self.limits)?;
-            }
-            if let Some(e) = f.invalid.first() {
-                return Err(Error::InvalidFunction(format!("function {:?}: {e}", f.id)));
-            }
-            for c in &f.cancel_on {
-                limits::check_name("event name", &c.event, &self.limits)?;
-            }
-            if functions.contains_key(&f.id) {
-                return Err(Error::InvalidFunction(format!("two functions have the id {:?}", f.id)));
-            }
-            let rules = crate::flow::resolve(&f.id, &f.flow, &self.limits)?;
-            for r in &rules {
-                let params = (r.kind, r.capacity, r.period_s, r.burst);
-                if let Some(other) = shared.get(&r.name)
-                    && (other.kind, other.capacity, other.period_s, other.burst) != params
-                {
-                    return Err(Error::InvalidFunction(format!(
-                        "the shared limit {:?} is declared with different settings by two functions",
-                        r.name
-                    )));
-                }
-                shared.insert(r.name.clone(), r.clone());
-            }
-            for key in f.flow.required_keys() {
-                for t in &f.triggers {
-                    key_checks.entry(t.clone()).or_default().push((f.id.clone(), key.clone()));
-                }
-            }
-            flow.function_ids.push(f.id.clone());
-            flow.rules.extend(rules.into_iter().map(|r| (f.id.clone(), r)));
-            if let Some(o) = crate::flow::StoredOptions::of(&f.flow) {
-                flow.options.push((f.id.clone(), o));
-            }
-            let backpressure = f.flow.has_backpressure();
-            let max_attempts = i32::try_from(f.max_attempts).unwrap_or(i32::MAX);
-            let mut triggers = f.triggers.clone();
-            if let Some(s) = &f.schedule {
-                triggers.push(schedule::cron_event_name(&f.id));
-                schedules.push(store::ScheduleRow {
-                    function_id: f.id.clone(),
-                    expr: s.expr().to_owned(),
-                    tz: s.tz().name().to_owned(),
-                    catch_up: i32::try_from(f.catch_up.bound()).unwrap_or(i32::MAX),
-                });
-            }
-            rows.push(store::FunctionRow {
-                id: f.id.clone(),
-                triggers,
-                max_attempts,
-                has_on_failure: f.on_failure.is_some(),
-                cancel_on: f.cancel_on_json(),
-                start_timeout_secs: f.start_timeout.map(|d| d.as_secs_f64()),
-                finish_timeout_secs: f.finish_timeout.map(|d| d.as_secs_f64()),
-            });
-            if let Some(handler) = f.on_failure {
-                let id = format!("{}/on-failure", f.id);
-                rows.push(store::FunctionRow {
-                    id: id.clone(),
-                    triggers: vec![],
-                    max_attempts: 4,
-                    has_on_failure: false,
-                    cancel_on: "[]".into(),
-                    start_timeout_secs: None,
-                    finish_timeout_secs: None,
-                });
-                flow.function_ids.push(id.clone());
-                functions.insert(
-                    id,
-                    Registered { handler, backoff: Backoff::default(), backpressure: false, schedule: None },
-                );
-            }
-            let schedule = f.schedule.map(|s| (s, f.catch_up));
-            functions.insert(f.id, Registered { handler: f.handler, backoff: f.backoff, backpressure, schedule });
-        }
-
-        let (pool, control_pool) = match (self.pool, self.url) {
-            (Some(pool), _) => {
-                let options = without_jit(pool.connect_options().as_ref().clone());
-                let control = control_pool(options).await?;
-                (pool, control)
-            }
-            (None, Some(url)) => {
-                let options = without_jit(url.parse().map_err(Error::Unavailable)?);
-                // One plain connection first: a refused or unknown host fails here
-                // at once with its own error, not after the pool's acquire timeout
-                // as "pool timed out".
-                use sqlx::Connection;
-                let probe = tokio::time::timeout(Duration::from_secs(10), PgConnection::connect_with(&options))
-                    .await
-                    .map_err(|_| {
-                        let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 10 s");
-                        Error::Unavailable(sqlx::Error::Io(e))
-                    })?
-                    .map_err(Error::Unavailable)?;
-                let _ = probe.close().await;
-                let pool = PgPoolOptions::new()
-                    .max_connections(self.max_connections)
-                    .acquire_timeout(Duration::from_secs(10))
-                    .connect_with(options.clone())
-                    .await
-                    .map_err(Error::Unavailable)?;
-                (pool, control_pool(options).await?)
-            }
-            (None, None) => return Err(Error::NoDatabase),
-        };
+    pub async fn build(mut self) -> Result<Engine, Error> {
+        let mut prepared = prepare(std::mem::take(&mut self.functions), &self.limits)?;
+        let (pool, control_pool) =
+            connect(self.pool.take(), self.url.take(), self.max_connections, Control::Own).await?;
         if self.migrate {
             store::migrate(&pool).await?;
         }
-        store::register_functions(&pool, &mut rows).await.map_err(from_sqlx)?;
-        store::register_flow(&pool, &flow).await.map_err(from_sqlx)?;
-        let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
-        store::register_schedules(&pool, &mut schedules, &ids).await.map_err(from_sqlx)?;
-        Ok(Engine {
-            inner: Arc::new(EngineInner {
-                pool,
-                control_pool,
-                functions,
-                limits: self.limits,
-                worker: self.worker,
-                keyring: self.keyring.map(Arc::new),
-                key_checks,
-            }),
-        })
+        store::register_functions(&pool, &mut prepared.rows).await.map_err(from_sqlx)?;
+        store::register_flow(&pool, &prepared.flow).await.map_err(from_sqlx)?;
+        let ids: Vec<String> = prepared.rows.iter().map(|r| r.id.clone()).collect();
+        store::register_schedules(&pool, &mut prepared.schedules, &ids).await.map_err(from_sqlx)?;
+        Ok(Engine { inner: Arc::new(self.into_inner(pool, control_pool, prepared)) })
     }
+
+    /// The engine's state, from its pools and its prepared functions.
+    fn into_inner(self, pool: PgPool, control_pool: PgPool, prepared: Prepared) -> EngineInner {
+        EngineInner {
+            pool,
+            control_pool,
+            functions: prepared.functions,
+            limits: self.limits,
+            worker: self.worker.clamped(),
+            keyring: self.keyring.map(Arc::new),
+            key_checks: prepared.key_checks,
+            #[cfg(feature = "testing")]
+            probe: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Checks this build's functions against the runs in flight, as
+    /// [`Engine::check_deploy`] does, without building an engine: it validates
+    /// the functions and connects, but does not migrate and registers nothing
+    /// (the live function definitions, flow rules and schedules stay those of
+    /// the deployed build), and it sends only `SELECT`s. So it runs before the
+    /// deploy, as the reader role of docs/security.md. The migration setting
+    /// and worker options are ignored.
+    ///
+    /// Errors: those of [`EngineBuilder::build`] for invalid functions or an
+    /// unreachable database, and [`Error::Database`] when the schema is missing
+    /// or older than this build's (a check needs this build's migrations applied).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), durastep::Error> {
+    /// let billing = durastep::Function::new("billing")
+    ///     .on_event("invoice/due")
+    ///     .handler(|ctx: durastep::Ctx, id: u64| async move { ctx.step("charge", || async move { Ok(id) }).await });
+    /// let report = durastep::Engine::builder()
+    ///     .database_url("postgres://durastep_reader@127.0.0.1/app")
+    ///     .function(billing)
+    ///     .check_deploy()
+    ///     .await?;
+    /// std::process::exit(if report.is_safe() { 0 } else { 1 });
+    /// # }
+    /// ```
+    pub async fn check_deploy(mut self) -> Result<crate::DeployReport, Error> {
+        let prepared = prepare(std::mem::take(&mut self.functions), &self.limits)?;
+        let (pool, control_pool) =
+            connect(self.pool.take(), self.url.take(), self.max_connections, Control::Shared).await?;
+        let engine = Engine { inner: Arc::new(self.into_inner(pool, control_pool, prepared)) };
+        engine.check_deploy().await
+    }
+}
+
+/// The functions of a builder, validated, with the rows that register them.
+struct Prepared {
+    functions: HashMap<String, Versions>,
+    rows: Vec<store::FunctionRow>,
+    flow: store::FlowRows,
+    key_checks: HashMap<String, Vec<(String, String)>>,
+    schedules: Vec<store::ScheduleRow>,
+}
+
+/// Validates the functions and works out what registering them writes. Of
+/// the versions of one function id, the newest is registered (its row, flow
+/// rules, schedule); the older ones add their handlers only.
+fn prepare(mut defs: Vec<Function>, limits: &Limits) -> Result<Prepared, Error> {
+    // Newest version first within each id.
+    defs.sort_by(|a, b| a.id.cmp(&b.id).then(b.version.cmp(&a.version)));
+    let mut functions: HashMap<String, Versions> = HashMap::new();
+    let mut rows = Vec::new();
+    let mut flow = store::FlowRows { function_ids: Vec::new(), rules: Vec::new(), options: Vec::new() };
+    let mut key_checks: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    let mut shared: HashMap<String, crate::flow::StoredRule> = HashMap::new();
+    let mut schedules = Vec::new();
+    for f in defs {
+        limits::check_function_id(&f.id, limits)?;
+        for t in &f.triggers {
+            limits::check_event_name(t, limits)?;
+        }
+        if let Some(e) = f.invalid.first() {
+            return Err(Error::InvalidFunction(format!("function {:?}: {e}", f.id)));
+        }
+        for c in &f.cancel_on {
+            limits::check_event_name(&c.event, limits)?;
+        }
+        if i32::try_from(f.version).is_err() {
+            return Err(Error::InvalidFunction(format!(
+                "function {:?}: version {} is above {}",
+                f.id,
+                f.version,
+                i32::MAX
+            )));
+        }
+        if let Some(registered) = functions.get(&f.id) {
+            // An older version beside the newest: its handler, to drain its runs.
+            if registered.by_version.contains_key(&f.version) {
+                return Err(Error::InvalidFunction(format!(
+                    "two functions have the id {:?} and the version {}",
+                    f.id, f.version
+                )));
+            }
+            let step_timeout = f.step_timeout;
+            if let Some(handler) = f.on_failure {
+                let handler = Registered {
+                    handler,
+                    backoff: Backoff::default(),
+                    backpressure: false,
+                    schedule: None,
+                    step_timeout,
+                };
+                functions
+                    .entry(format!("{}/on-failure", f.id))
+                    .or_insert_with(|| Versions { newest: f.version, by_version: BTreeMap::new(), fast_claim: true })
+                    .by_version
+                    .insert(f.version, handler);
+            }
+            let backpressure = f.flow.has_backpressure();
+            let handler =
+                Registered { handler: f.handler, backoff: f.backoff, backpressure, schedule: None, step_timeout };
+            if let Some(registered) = functions.get_mut(&f.id) {
+                registered.by_version.insert(f.version, handler);
+            }
+            continue;
+        }
+        let rules = crate::flow::resolve(&f.id, &f.flow, limits)?;
+        for r in &rules {
+            let params = (r.kind, r.capacity, r.period_s, r.burst);
+            if let Some(other) = shared.get(&r.name)
+                && (other.kind, other.capacity, other.period_s, other.burst) != params
+            {
+                return Err(Error::InvalidFunction(format!(
+                    "the shared limit {:?} is declared with different settings by two functions",
+                    r.name
+                )));
+            }
+            shared.insert(r.name.clone(), r.clone());
+        }
+        for key in f.flow.required_keys() {
+            for t in &f.triggers {
+                key_checks.entry(t.clone()).or_default().push((f.id.clone(), key.clone()));
+            }
+        }
+        flow.function_ids.push(f.id.clone());
+        // Timeouts too: the full claim cancels a run past its deadline as it meets it.
+        let fast_claim = rules.is_empty() && f.start_timeout.is_none() && f.finish_timeout.is_none();
+        flow.rules.extend(rules.into_iter().map(|r| (f.id.clone(), r)));
+        if let Some(o) = crate::flow::StoredOptions::of(&f.flow) {
+            flow.options.push((f.id.clone(), o));
+        }
+        let backpressure = f.flow.has_backpressure();
+        let max_attempts = i32::try_from(f.max_attempts).unwrap_or(i32::MAX);
+        let mut triggers = f.triggers.clone();
+        if let Some(s) = &f.schedule {
+            triggers.push(schedule::cron_event_name(&f.id));
+            schedules.push(store::ScheduleRow {
+                function_id: f.id.clone(),
+                expr: s.expr().to_owned(),
+                tz: s.tz().name().to_owned(),
+                catch_up: i32::try_from(f.catch_up.bound()).unwrap_or(i32::MAX),
+            });
+        }
+        rows.push(store::FunctionRow {
+            id: f.id.clone(),
+            triggers,
+            max_attempts,
+            has_on_failure: f.on_failure.is_some(),
+            cancel_on: f.cancel_on_json(),
+            start_timeout_secs: f.start_timeout.map(|d| d.min(limits::MAX_DURATION).as_secs_f64()),
+            finish_timeout_secs: f.finish_timeout.map(|d| d.min(limits::MAX_DURATION).as_secs_f64()),
+            max_lease_losses: i32::try_from(f.max_lease_losses).unwrap_or(i32::MAX),
+            version: i32::try_from(f.version).unwrap_or(i32::MAX),
+        });
+        if let Some(handler) = f.on_failure {
+            let id = format!("{}/on-failure", f.id);
+            rows.push(store::FunctionRow {
+                id: id.clone(),
+                triggers: vec![],
+                max_attempts: 4,
+                has_on_failure: false,
+                cancel_on: "[]".into(),
+                start_timeout_secs: None,
+                finish_timeout_secs: None,
+                max_lease_losses: i32::try_from(crate::function::DEFAULT_LEASE_LOSSES).unwrap_or(10),
+                version: i32::try_from(f.version).unwrap_or(i32::MAX),
+            });
+            flow.function_ids.push(id.clone());
+            let handler = Registered {
+                handler,
+                backoff: Backoff::default(),
+                backpressure: false,
+                schedule: None,
+                step_timeout: f.step_timeout,
+            };
+            functions.insert(
+                id,
+                Versions { newest: f.version, by_version: BTreeMap::from([(f.version, handler)]), fast_claim: true },
+            );
+        }
+        let schedule = f.schedule.map(|s| (s, f.catch_up));
+        let step_timeout = f.step_timeout;
+        let handler = Registered { handler: f.handler, backoff: f.backoff, backpressure, schedule, step_timeout };
+        functions.insert(
+            f.id,
+            Versions { newest: f.version, by_version: BTreeMap::from([(f.version, handler)]), fast_claim },
+        );
+    }
+    Ok(Prepared { functions, rows, flow, key_checks, schedules })
+}
+
+/// Whether the engine gets its own control pool (heartbeats, reaper, LISTEN)
+/// or shares the main one (a deploy check, which runs no worker).
+enum Control {
+    Own,
+    Shared,
+}
+
+/// Connects the main pool (from `pool` or `url`) and the control pool.
+async fn connect(
+    pool: Option<PgPool>,
+    url: Option<String>,
+    max_connections: u32,
+    control: Control,
+) -> Result<(PgPool, PgPool), Error> {
+    let (pool, control_pool) = match (pool, url) {
+        (Some(pool), _) => {
+            let options = without_jit(pool.connect_options().as_ref().clone());
+            let control = match control {
+                Control::Own => control_pool(options).await?,
+                Control::Shared => pool.clone(),
+            };
+            (pool, control)
+        }
+        (None, Some(url)) => {
+            let options = without_jit(url.parse().map_err(from_sqlx)?);
+            // One plain connection first: a refused or unknown host fails here
+            // at once with its own error, not after the pool's acquire timeout
+            // as "pool timed out".
+            use sqlx::Connection;
+            let probe = tokio::time::timeout(Duration::from_secs(10), PgConnection::connect_with(&options))
+                .await
+                .map_err(|_| {
+                    let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 10 s");
+                    Error::Unavailable(sqlx::Error::Io(e))
+                })?
+                .map_err(from_sqlx)?;
+            let _ = probe.close().await;
+            let pool = PgPoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_with(options.clone())
+                .await
+                .map_err(from_sqlx)?;
+            let control = match control {
+                Control::Own => control_pool(options).await?,
+                Control::Shared => pool.clone(),
+            };
+            (pool, control)
+        }
+        (None, None) => return Err(Error::NoDatabase),
+    };
+    Ok((pool, control_pool))
 }
 
 /// Durastep's statements are single statements with many CTEs over array
@@ -580,19 +805,41 @@ async fn control_pool(options: PgConnectOptions) -> Result<PgPool, Error> {
         .acquire_timeout(Duration::from_secs(5))
         .connect_with(options)
         .await
-        .map_err(Error::Unavailable)
+        .map_err(from_sqlx)
 }
 
 /// Applies Durastep's schema migrations (schema `durastep`, tracked in
-/// `durastep._migrations`). The engine builder does this unless told not to.
+/// `durastep._migrations`) and returns those it applied, oldest first (empty
+/// when the schema was up to date). The engine builder does this unless told
+/// not to.
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), durastep::Error> {
-/// durastep::migrate(&pool).await?;
+/// for m in durastep::migrate(&pool).await? {
+///     println!("applied {} {}", m.version, m.description);
+/// }
 /// # Ok(()) }
 /// ```
-pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
-    store::migrate(pool).await.map_err(Error::from)
+pub async fn migrate(pool: &PgPool) -> Result<Vec<AppliedMigration>, Error> {
+    let applied = store::migrate(pool).await.map_err(Error::from)?;
+    Ok(applied.into_iter().map(|(version, description)| AppliedMigration { version, description }).collect())
+}
+
+/// A schema migration that [`migrate`] applied.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), durastep::Error> {
+/// let applied: Vec<durastep::AppliedMigration> = durastep::migrate(&pool).await?;
+/// if applied.is_empty() { println!("schema up to date"); }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct AppliedMigration {
+    /// Its version (the number its file name starts with, `5` for `0005_inspection.sql`).
+    pub version: i64,
+    /// Its description (the rest of the file name, `inspection`).
+    pub description: String,
 }
 
 /// The state of a run.
@@ -623,6 +870,11 @@ pub enum RunState {
     /// Not started, on purpose: over a rate limit, or refused by a singleton
     /// key that already had an active run. `last_error` says why.
     Skipped,
+    /// Parked because its replay asked for something other than what it
+    /// recorded (the function's code changed under it): not claimed, not
+    /// retried, not failed. `last_error` and [`crate::inspect::Why::Diverged`]
+    /// say where; [`Engine::resume_diverged`] and [`Engine::discard_from`] end it.
+    Diverged,
 }
 
 impl RunState {
@@ -650,15 +902,16 @@ impl RunState {
             RunState::Failed => "failed",
             RunState::Cancelled => "cancelled",
             RunState::Skipped => "skipped",
+            RunState::Diverged => "diverged",
         }
     }
 
     /// Every state, in lifecycle order.
     ///
     /// ```
-    /// assert_eq!(durastep::RunState::ALL.len(), 8);
+    /// assert_eq!(durastep::RunState::ALL.len(), 9);
     /// ```
-    pub const ALL: [RunState; 8] = [
+    pub const ALL: [RunState; 9] = [
         RunState::Queued,
         RunState::Running,
         RunState::Sleeping,
@@ -667,11 +920,8 @@ impl RunState {
         RunState::Failed,
         RunState::Cancelled,
         RunState::Skipped,
+        RunState::Diverged,
     ];
-
-    pub(crate) fn parse(s: &str) -> RunState {
-        s.parse().unwrap_or(RunState::Cancelled)
-    }
 }
 
 impl std::fmt::Display for RunState {
@@ -697,6 +947,32 @@ impl std::str::FromStr for RunState {
     }
 }
 
+/// A run state in the database that this build does not know (a newer
+/// migration's, or a hand edit): reading it is an error, never a guess.
+#[derive(Debug, thiserror::Error)]
+#[error("the database holds run state {0:?}, which this build of durastep does not know")]
+pub(crate) struct UnknownRunState(String);
+
+/// Read from `text` columns (`runs.state`, `run_history.state`): the
+/// `runs_state_check` constraint's list, which a test holds equal to
+/// [`RunState::ALL`].
+impl sqlx::Type<sqlx::Postgres> for RunState {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <&str as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <&str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for RunState {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let s = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+        RunState::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| UnknownRunState(s.to_owned()).into())
+    }
+}
+
 /// A run as stored.
 ///
 /// ```no_run
@@ -717,10 +993,16 @@ pub struct Run {
     /// Its state.
     pub state: RunState,
     /// The current (or last) attempt, from 1.
-    pub attempt: i32,
-    /// Attempts allowed in all.
-    pub max_attempts: i32,
-    /// When it is (or was) next due.
+    pub attempt: u32,
+    /// Attempts allowed in all, not counting attempts that ended with a lost
+    /// lease (see [`Run::lease_losses`]).
+    pub max_attempts: u32,
+    /// How many of its attempts ended with a lost lease (the worker was lost);
+    /// these do not spend `max_attempts`, but the function's own budget
+    /// ([`crate::FunctionBuilder::lease_losses`]).
+    pub lease_losses: u32,
+    /// When it is (or was) next due. A run waiting without a timeout (stored
+    /// as Postgres `infinity`) shows [`crate::limits::max_instant`].
     pub run_at: DateTime<Utc>,
     /// The last failure, if any.
     pub last_error: Option<String>,
@@ -732,8 +1014,9 @@ pub struct Run {
     pub created_at: DateTime<Utc>,
     /// When it finished.
     pub finished_at: Option<DateTime<Utc>>,
-    /// What a queued run waits for, when flow control parked it (`None` otherwise).
-    pub flow_wait: Option<crate::flow::FlowWait>,
+    /// The version of its function it started under, for good
+    /// ([`crate::FunctionBuilder::version`]; 0 for an unversioned function).
+    pub version: u32,
 }
 
 impl From<store::RunRow> for Run {
@@ -742,24 +1025,17 @@ impl From<store::RunRow> for Run {
             id: r.id,
             function_id: r.function_id,
             event_id: r.event_id,
-            state: RunState::parse(&r.state),
-            attempt: r.attempt,
-            max_attempts: r.max_attempts,
+            state: r.state,
+            attempt: crate::inspect::count(r.attempt),
+            max_attempts: crate::inspect::count(r.max_attempts),
+            lease_losses: crate::inspect::count(r.lease_losses),
             run_at: r.run_at,
             last_error: r.last_error,
             cancel_reason: r.cancel_reason,
             output: r.output,
             created_at: r.created_at,
             finished_at: r.finished_at,
-            flow_wait: match (r.park_rule, r.park_key, r.park_kind) {
-                (Some(rule), Some(key), Some(kind)) => Some(crate::flow::FlowWait {
-                    next_possible_start: (kind != "concurrency").then_some(r.run_at),
-                    rule,
-                    kind,
-                    key,
-                }),
-                _ => None,
-            },
+            version: crate::inspect::count(r.version),
         }
     }
 }

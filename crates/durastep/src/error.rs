@@ -7,6 +7,11 @@ use crate::limits::LimitError;
 
 /// An error from an engine operation.
 ///
+/// Every `sqlx::Error` becomes one of [`Error::Unavailable`] (worth retrying),
+/// [`Error::Config`] (fix the settings: retrying cannot help) or
+/// [`Error::Database`], through the one `From<sqlx::Error>`; messages carry
+/// the server's text without its source-file line.
+///
 /// ```
 /// # async fn demo() {
 /// let err = durastep::Engine::builder()
@@ -15,17 +20,27 @@ use crate::limits::LimitError;
 ///     .await
 ///     .unwrap_err();
 /// assert!(matches!(err, durastep::Error::Unavailable(_)));
+/// assert!(err.is_transient());
+///
+/// let err = durastep::Engine::builder().database_url("not a url").build().await.unwrap_err();
+/// assert!(matches!(err, durastep::Error::Config(_)));
+/// assert!(!err.is_transient());
 /// # }
 /// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The database could not be reached (at startup, or on a call).
-    #[error("database unreachable: {0}")]
-    Unavailable(#[source] sqlx::Error),
-    /// A database error other than unreachability.
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    /// The database could not be reached (at startup, or on a call): a
+    /// refused or reset connection, a timeout, a server shutting down.
+    #[error("database unreachable: {}", describe(.0))]
+    Unavailable(sqlx::Error),
+    /// The connection settings are wrong: a malformed URL, a database or role
+    /// that does not exist, a refused password. Retrying cannot help.
+    #[error("database configuration: {}", describe(.0))]
+    Config(sqlx::Error),
+    /// A database error other than unreachability or configuration.
+    #[error("database error: {}", describe(.0))]
+    Database(sqlx::Error),
     /// Applying the schema migrations failed.
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -68,9 +83,27 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A run's stored output does not open with the engine's keyring
+    /// (tampered, moved, plaintext with encryption on, or an unknown key id).
+    #[error("run {run_id}: stored output cannot be opened: {error}")]
+    Codec {
+        /// The run.
+        run_id: uuid::Uuid,
+        /// Why it does not open.
+        error: crate::CodecError,
+    },
     /// An inspection filter is invalid (a bad key path, page size or cursor).
     #[error("invalid filter: {0}")]
     InvalidFilter(String),
+    /// The run is not `diverged`, so it cannot be resumed or discarded from a
+    /// position; it was left as it was.
+    #[error("run {run_id} is not diverged (it is {state})")]
+    NotDiverged {
+        /// The run.
+        run_id: uuid::Uuid,
+        /// Its state.
+        state: crate::RunState,
+    },
 }
 
 impl Error {
@@ -103,7 +136,32 @@ pub(crate) fn is_transient_sqlx(e: &sqlx::Error) -> bool {
     }
 }
 
-/// Maps a sqlx error to [`Error`], telling unreachability apart.
+/// A sqlx error's text without the server's source-file line (`... at line 123`),
+/// with the SQLSTATE for a database error.
+pub(crate) fn describe(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => format!("{} (SQLSTATE {code})", db.message()),
+            None => db.message().to_owned(),
+        },
+        other => other.to_string(),
+    }
+}
+
+impl From<sqlx::Error> for Error {
+    /// Classifies: unreachable, configuration, missing flow key, or other.
+    fn from(e: sqlx::Error) -> Self {
+        from_sqlx(e)
+    }
+}
+
+/// SQLSTATEs of a connection refused for its settings: 3D000 no such
+/// database, 28000 no such role (or not allowed by pg_hba), 28P01 wrong password.
+fn is_config_code(code: &str) -> bool {
+    matches!(code, "3D000" | "28000" | "28P01")
+}
+
+/// Maps a sqlx error to [`Error`], telling unreachability and configuration apart.
 pub(crate) fn from_sqlx(e: sqlx::Error) -> Error {
     if let sqlx::Error::Database(db) = &e
         && db.code().as_deref() == Some("DSK01")
@@ -116,6 +174,8 @@ pub(crate) fn from_sqlx(e: sqlx::Error) -> Error {
     }
     match &e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => Error::Unavailable(e),
+        sqlx::Error::Configuration(_) => Error::Config(e),
+        sqlx::Error::Database(db) if db.code().as_deref().is_some_and(is_config_code) => Error::Config(e),
         _ => Error::Database(e),
     }
 }

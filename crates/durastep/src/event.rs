@@ -96,6 +96,7 @@ impl Event {
     }
 
     /// Starts the event's runs no earlier than this time (by the database clock).
+    /// A time after [`limits::max_instant`] (9999-12-31) is cut to it.
     ///
     /// ```
     /// let at = chrono::Utc::now() + chrono::Duration::hours(1);
@@ -132,7 +133,8 @@ impl Event {
     }
 
     /// Checks the event against `limits` exactly as [`crate::Engine::send`] does
-    /// before it writes anything: the name, the idempotency key and the payload.
+    /// before it writes anything: the name (a reserved `durastep/` name is
+    /// [`LimitError::ReservedName`]), the idempotency key and the payload.
     /// Use it to refuse a bad event early (say, with an HTTP 400).
     ///
     /// ```
@@ -144,8 +146,16 @@ impl Event {
         self.prepare(limits).map(|_| ())
     }
 
-    /// Validates and serializes, before any SQL runs.
+    /// Validates and serializes, before any SQL runs. A user's event may not
+    /// carry a reserved name (`durastep/...`).
     pub(crate) fn prepare(&self, limits: &Limits) -> Result<crate::store::NewEvent, LimitError> {
+        limits::check_event_name(&self.name, limits)?;
+        self.prepare_internal(limits)
+    }
+
+    /// Validates and serializes one of the engine's own events (a cron fire
+    /// time), whose name is reserved.
+    pub(crate) fn prepare_internal(&self, limits: &Limits) -> Result<crate::store::NewEvent, LimitError> {
         limits::check_name("event name", &self.name, limits)?;
         if let Some(key) = &self.idempotency_key {
             limits::check_name("idempotency key", key, limits)?;
@@ -160,7 +170,7 @@ impl Event {
             name: self.name.clone(),
             payload,
             idempotency_key: self.idempotency_key.clone(),
-            start_at: self.start_at,
+            start_at: self.start_at.map(limits::clamp_instant),
             priority: self.priority,
         })
     }

@@ -21,10 +21,20 @@
 //! | `checkpoint-after-commit` | after the group commit | the worker sees an error although the commit landed (ambiguous commit): the flush is retried and adopts its own rows |
 //! | `step-after-checkpoint` | after a step's checkpoint is stored | the attempt fails; the step replays |
 //! | `step-tx-before-commit` | `Ctx::step_tx`, before the transaction commits | rolled back; the attempt fails |
+//! | `step-tx-after-commit` | `Ctx::step_tx` (and `Ctx::send_event`), after the transaction committed | the acknowledgement is lost: the ambiguous-commit path finds the step's own row and adopts it |
+//! | `send-event-before-insert` | `Ctx::send_event`, inside the step's transaction, before the event is inserted | rolled back; the attempt fails |
 //! | `sleep-after-arming` | `Ctx::sleep`, wake time stored, before suspending | the attempt fails |
+//! | `wait-before-commit` | `Ctx::wait_for_event`, before the wait is recorded | the attempt fails (retryable); nothing is recorded |
+//! | `wait-after-commit` | after the wait is recorded (or resolved) | the acknowledgement is lost: the attempt fails although the wait is stored; the run must still get its event |
+//! | `invoke-before-commit` | `Ctx::invoke`, before the child is started | the attempt fails (retryable); no child |
+//! | `invoke-after-commit` | after the child is started (or its outcome read) | the acknowledgement is lost: the attempt fails although the child exists; the retry must find it |
 //! | `complete-before-commit` | before the completion is queued | the completion is not written: the lease expires |
 //! | `heartbeat` | heartbeat round, before extending the leases | the round, and its own-clock check, are skipped |
 //! | `reaper-between-select-and-update` | reaper pass, between its two statements | the pass fails |
+//! | `release-before-commit` | worker shutdown, before a run still running after the grace is released | not released: its lease expires and the reaper requeues it |
+//! | `cancel-before-commit` | `Engine::cancel`, before the cancel statement | the call fails; nothing is cancelled |
+//! | `cancel-after-commit` | `Engine::cancel`, after the cancel committed | the call fails although the run is cancelled (lost acknowledgement) |
+//! | `replay-before-commit` | `Engine::replay` and `Engine::replay_many`, before the replay statement | the call fails; nothing is replayed |
 //!
 //! ```
 //! # #[cfg(feature = "failpoints")] {

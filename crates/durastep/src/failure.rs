@@ -112,13 +112,28 @@ impl HandlerError {
 // Like anyhow::Error, HandlerError does not implement std::error::Error itself,
 // which is what lets every error type convert into it with `?`.
 impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
+    /// The error's text and its sources', joined by `": "`; a database error
+    /// reads as the server's message and SQLSTATE, without the server's
+    /// source-file line (`... at line 123`) or the same message twice.
     fn from(e: E) -> Self {
-        let mut message = e.to_string();
-        let mut source = e.source();
-        while let Some(s) = source {
-            message.push_str(": ");
-            message.push_str(&s.to_string());
-            source = s.source();
+        let mut message = String::new();
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(err) = next {
+            if !message.is_empty() {
+                message.push_str(": ");
+            }
+            next = err.source();
+            if let Some(sqlx_error) = err.downcast_ref::<sqlx::Error>() {
+                message.push_str(&crate::error::describe(sqlx_error));
+                if matches!(sqlx_error, sqlx::Error::Database(_)) {
+                    // Its source is the same database error again.
+                    next = None;
+                }
+            } else if let Some(db) = err.downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                message.push_str(db.message());
+            } else {
+                message.push_str(&err.to_string());
+            }
         }
         HandlerError::new(message)
     }

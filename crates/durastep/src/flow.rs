@@ -20,7 +20,7 @@ use crate::limits::{self, Limits};
 /// ```
 /// assert_eq!(durastep::BACKPRESSURE_FREE_RETRIES, 50);
 /// ```
-pub const BACKPRESSURE_FREE_RETRIES: i32 = 50;
+pub const BACKPRESSURE_FREE_RETRIES: u32 = 50;
 
 /// How long a run parked on a full concurrency key waits at most before it is
 /// looked at again, even if no slot release wakes it (a safety net, like polling
@@ -64,10 +64,10 @@ pub(crate) struct Rule {
 /// active (queued, running, sleeping or waiting) run.
 ///
 /// ```
-/// use durastep::{Function, SingletonMode};
+/// use durastep::{Function, Singleton, SingletonMode};
 /// let f = Function::new("sync-contact")
 ///     .on_event("contact/changed")
-///     .singleton(Some("/contact_id"), SingletonMode::SkipNew)
+///     .singleton(Singleton::new(SingletonMode::SkipNew).key("/contact_id"))
 ///     .handler(|_ctx, _e: serde_json::Value| async { Ok(()) });
 /// # let _ = f;
 /// ```
@@ -77,8 +77,10 @@ pub enum SingletonMode {
     /// The new event's run is recorded as `skipped` (with the active run's id in
     /// its `last_error`); the active run goes on.
     SkipNew,
-    /// The active run is cancelled (a running attempt is dropped at its worker's
-    /// next heartbeat and can write nothing more) and the new run starts.
+    /// The active run is cancelled (a running attempt can write nothing more,
+    /// and its worker, told at once, drops it) and the new run starts. A run
+    /// that sends such an event itself (`Ctx::send_event`) is cancelled once
+    /// that step commits.
     CancelOld,
 }
 
@@ -91,12 +93,402 @@ impl SingletonMode {
     }
 }
 
-/// Debounce settings of a function.
-#[derive(Debug, Clone)]
-pub(crate) struct Debounce {
-    pub period: Duration,
-    pub key: Option<String>,
-    pub max_wait: Duration,
+/// A concurrency limit: at most `limit` attempts execute at once per key; see
+/// [`crate::FunctionBuilder::concurrency`].
+///
+/// ```
+/// use durastep::Concurrency;
+/// // 6 at once per ad account:
+/// let per_account = Concurrency::new(6).key("/ad_account_id");
+/// // One slot shared by every function that names "exact-online":
+/// let shared = Concurrency::new(1).shared("exact-online");
+/// # let _ = (per_account, shared);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct Concurrency {
+    limit: u32,
+    key: Option<String>,
+    shared: Option<String>,
+}
+
+impl Concurrency {
+    /// At most `limit` attempts at once, over the whole function until
+    /// [`Concurrency::key`] makes it per key.
+    ///
+    /// ```
+    /// let c = durastep::Concurrency::new(4);
+    /// # let _ = c;
+    /// ```
+    pub fn new(limit: u32) -> Self {
+        Concurrency { limit, key: None, shared: None }
+    }
+
+    /// One limit per value at this JSON pointer into the event data (`"/ad_account_id"`).
+    ///
+    /// ```
+    /// let c = durastep::Concurrency::new(6).key("/ad_account_id");
+    /// # let _ = c;
+    /// ```
+    pub fn key(mut self, pointer: impl Into<String>) -> Self {
+        self.key = Some(pointer.into());
+        self
+    }
+
+    /// Shares the limit by name with every function that declares the same
+    /// name: their attempts together never exceed the limit per key. Every
+    /// function sharing a name must give it the same limit (the last engine to
+    /// register it decides); each gives its own key pointer.
+    ///
+    /// ```
+    /// let c = durastep::Concurrency::new(1).shared("exact-online");
+    /// # let _ = c;
+    /// ```
+    pub fn shared(mut self, name: impl Into<String>) -> Self {
+        self.shared = Some(name.into());
+        self
+    }
+
+    pub(crate) fn rule(self) -> Rule {
+        Rule {
+            shared: self.shared,
+            kind: Kind::Concurrency,
+            capacity: self.limit,
+            period: Duration::ZERO,
+            burst: 0,
+            key: self.key,
+        }
+    }
+}
+
+/// A throttle: at most `limit` starts per `period` per key (GCRA); runs over it
+/// **wait**. See [`crate::FunctionBuilder::throttle`].
+///
+/// ```
+/// use durastep::Throttle;
+/// use std::time::Duration;
+/// let t = Throttle::per_minute(100).key("/account_id");
+/// let bursty = Throttle::new(10, Duration::from_secs(1)).burst(20);
+/// # let _ = (t, bursty);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct Throttle {
+    limit: u32,
+    period: Duration,
+    burst: u32,
+    key: Option<String>,
+}
+
+impl Throttle {
+    /// At most `limit` starts in any window of `period` (at least
+    /// `period / limit` apart), over the whole function until [`Throttle::key`].
+    ///
+    /// ```
+    /// let t = durastep::Throttle::new(5, std::time::Duration::from_secs(10));
+    /// # let _ = t;
+    /// ```
+    pub fn new(limit: u32, period: Duration) -> Self {
+        Throttle { limit, period, burst: 0, key: None }
+    }
+
+    /// `limit` starts per second.
+    ///
+    /// ```
+    /// let t = durastep::Throttle::per_second(10);
+    /// # let _ = t;
+    /// ```
+    pub fn per_second(limit: u32) -> Self {
+        Throttle::new(limit, Duration::from_secs(1))
+    }
+
+    /// `limit` starts per minute.
+    ///
+    /// ```
+    /// let t = durastep::Throttle::per_minute(100);
+    /// # let _ = t;
+    /// ```
+    pub fn per_minute(limit: u32) -> Self {
+        Throttle::new(limit, Duration::from_secs(60))
+    }
+
+    /// `limit` starts per hour.
+    ///
+    /// ```
+    /// let t = durastep::Throttle::per_hour(1_000);
+    /// # let _ = t;
+    /// ```
+    pub fn per_hour(limit: u32) -> Self {
+        Throttle::new(limit, Duration::from_secs(3600))
+    }
+
+    /// Lets up to `burst` extra starts through at once (default 0): at most
+    /// `limit + burst` starts in any window of the period.
+    ///
+    /// ```
+    /// let t = durastep::Throttle::per_minute(60).burst(10);
+    /// # let _ = t;
+    /// ```
+    pub fn burst(mut self, burst: u32) -> Self {
+        self.burst = burst;
+        self
+    }
+
+    /// One throttle per value at this JSON pointer into the event data.
+    ///
+    /// ```
+    /// let t = durastep::Throttle::per_minute(100).key("/account_id");
+    /// # let _ = t;
+    /// ```
+    pub fn key(mut self, pointer: impl Into<String>) -> Self {
+        self.key = Some(pointer.into());
+        self
+    }
+
+    pub(crate) fn rule(self) -> Rule {
+        Rule {
+            shared: None,
+            kind: Kind::Throttle,
+            capacity: self.limit,
+            period: self.period,
+            burst: self.burst,
+            key: self.key,
+        }
+    }
+}
+
+/// A rate limit: at most `limit` starts per `period` per key; runs over it are
+/// **skipped**. See [`crate::FunctionBuilder::rate_limit`].
+///
+/// ```
+/// use durastep::RateLimit;
+/// use std::time::Duration;
+/// let r = RateLimit::new(1, Duration::from_secs(300)).key("/client_id");
+/// # let _ = r;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct RateLimit {
+    limit: u32,
+    period: Duration,
+    key: Option<String>,
+}
+
+impl RateLimit {
+    /// At most `limit` starts in any window of `period`.
+    ///
+    /// ```
+    /// let r = durastep::RateLimit::new(1, std::time::Duration::from_secs(60));
+    /// # let _ = r;
+    /// ```
+    pub fn new(limit: u32, period: Duration) -> Self {
+        RateLimit { limit, period, key: None }
+    }
+
+    /// `limit` starts per second.
+    ///
+    /// ```
+    /// let r = durastep::RateLimit::per_second(2);
+    /// # let _ = r;
+    /// ```
+    pub fn per_second(limit: u32) -> Self {
+        RateLimit::new(limit, Duration::from_secs(1))
+    }
+
+    /// `limit` starts per minute.
+    ///
+    /// ```
+    /// let r = durastep::RateLimit::per_minute(1);
+    /// # let _ = r;
+    /// ```
+    pub fn per_minute(limit: u32) -> Self {
+        RateLimit::new(limit, Duration::from_secs(60))
+    }
+
+    /// `limit` starts per hour.
+    ///
+    /// ```
+    /// let r = durastep::RateLimit::per_hour(1);
+    /// # let _ = r;
+    /// ```
+    pub fn per_hour(limit: u32) -> Self {
+        RateLimit::new(limit, Duration::from_secs(3600))
+    }
+
+    /// One limit per value at this JSON pointer into the event data.
+    ///
+    /// ```
+    /// let r = durastep::RateLimit::per_minute(1).key("/client_id");
+    /// # let _ = r;
+    /// ```
+    pub fn key(mut self, pointer: impl Into<String>) -> Self {
+        self.key = Some(pointer.into());
+        self
+    }
+
+    pub(crate) fn rule(self) -> Rule {
+        Rule { shared: None, kind: Kind::RateLimit, capacity: self.limit, period: self.period, burst: 0, key: self.key }
+    }
+}
+
+/// Key back-pressure: a [`crate::HandlerError::retry_after`] pauses the whole
+/// key. See [`crate::FunctionBuilder::backpressure`].
+///
+/// ```
+/// use durastep::Backpressure;
+/// let private = Backpressure::new().key("/account_id");
+/// let shared = Backpressure::new().key("/account_id").shared("linkedin-writes");
+/// # let _ = (private, shared);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[must_use]
+pub struct Backpressure {
+    key: Option<String>,
+    shared: Option<String>,
+}
+
+impl Backpressure {
+    /// Back-pressure over the whole function, until [`Backpressure::key`].
+    ///
+    /// ```
+    /// let b = durastep::Backpressure::new();
+    /// # let _ = b;
+    /// ```
+    pub fn new() -> Self {
+        Backpressure::default()
+    }
+
+    /// One pause per value at this JSON pointer into the event data.
+    ///
+    /// ```
+    /// let b = durastep::Backpressure::new().key("/account_id");
+    /// # let _ = b;
+    /// ```
+    pub fn key(mut self, pointer: impl Into<String>) -> Self {
+        self.key = Some(pointer.into());
+        self
+    }
+
+    /// Shares the pause by name: a 429 in any function that declares `name`
+    /// pauses the key for all of them (one API account's write bucket,
+    /// whichever function drained it).
+    ///
+    /// ```
+    /// let b = durastep::Backpressure::new().shared("linkedin-writes");
+    /// # let _ = b;
+    /// ```
+    pub fn shared(mut self, name: impl Into<String>) -> Self {
+        self.shared = Some(name.into());
+        self
+    }
+
+    pub(crate) fn rule(self) -> Rule {
+        Rule {
+            shared: self.shared,
+            kind: Kind::Backpressure,
+            capacity: 0,
+            period: Duration::ZERO,
+            burst: 0,
+            key: self.key,
+        }
+    }
+}
+
+/// Debounce settings: a burst of events per key makes one run, with the latest
+/// event's data, that starts `period` after the burst's last event and never
+/// later than `max_wait` after its first. See [`crate::FunctionBuilder::debounce`].
+///
+/// ```
+/// use durastep::Debounce;
+/// use std::time::Duration;
+/// let d = Debounce::new(Duration::from_secs(30)).key("/contact_id").max_wait(Duration::from_secs(300));
+/// # let _ = d;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct Debounce {
+    pub(crate) period: Duration,
+    pub(crate) key: Option<String>,
+    max_wait: Option<Duration>,
+}
+
+impl Debounce {
+    /// Debounce with this quiet period, over the whole function until
+    /// [`Debounce::key`]; `max_wait` is ten periods until [`Debounce::max_wait`].
+    ///
+    /// ```
+    /// let d = durastep::Debounce::new(std::time::Duration::from_secs(5));
+    /// # let _ = d;
+    /// ```
+    pub fn new(period: Duration) -> Self {
+        Debounce { period, key: None, max_wait: None }
+    }
+
+    /// One debounce per value at this JSON pointer into the event data.
+    ///
+    /// ```
+    /// let d = durastep::Debounce::new(std::time::Duration::from_secs(5)).key("/contact_id");
+    /// # let _ = d;
+    /// ```
+    pub fn key(mut self, pointer: impl Into<String>) -> Self {
+        self.key = Some(pointer.into());
+        self
+    }
+
+    /// The longest a burst can delay its run, from its first event (at least
+    /// the period; default ten periods), so a steady stream still runs.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let d = durastep::Debounce::new(Duration::from_secs(5)).max_wait(Duration::from_secs(60));
+    /// # let _ = d;
+    /// ```
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = Some(max_wait);
+        self
+    }
+
+    pub(crate) fn max_wait_or_default(&self) -> Duration {
+        self.max_wait.unwrap_or_else(|| self.period.saturating_mul(10))
+    }
+}
+
+/// At most one active run per key; see [`crate::FunctionBuilder::singleton`].
+///
+/// ```
+/// use durastep::{Singleton, SingletonMode};
+/// let s = Singleton::new(SingletonMode::SkipNew).key("/account_id");
+/// # let _ = s;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct Singleton {
+    pub(crate) mode: SingletonMode,
+    pub(crate) key: Option<String>,
+}
+
+impl Singleton {
+    /// One active run over the whole function (until [`Singleton::key`]);
+    /// `mode` says what a new event for a busy key does.
+    ///
+    /// ```
+    /// let s = durastep::Singleton::new(durastep::SingletonMode::CancelOld);
+    /// # let _ = s;
+    /// ```
+    pub fn new(mode: SingletonMode) -> Self {
+        Singleton { mode, key: None }
+    }
+
+    /// One active run per value at this JSON pointer into the event data.
+    ///
+    /// ```
+    /// let s = durastep::Singleton::new(durastep::SingletonMode::SkipNew).key("/account_id");
+    /// # let _ = s;
+    /// ```
+    pub fn key(mut self, pointer: impl Into<String>) -> Self {
+        self.key = Some(pointer.into());
+        self
+    }
 }
 
 /// Every flow setting of one function.
@@ -104,9 +496,19 @@ pub(crate) struct Debounce {
 pub(crate) struct FlowConfig {
     pub rules: Vec<Rule>,
     pub debounce: Option<Debounce>,
-    pub singleton: Option<(Option<String>, SingletonMode)>,
+    pub singleton: Option<Singleton>,
     pub priority_from: Option<String>,
+    /// The range a priority taken from event data is clamped to.
+    pub priority_range: Option<std::ops::RangeInclusive<i32>>,
 }
+
+/// The range a priority taken from event data is clamped to when the function
+/// sets none ([`crate::FunctionBuilder::priority_range`]).
+///
+/// ```
+/// assert_eq!(durastep::DEFAULT_PRIORITY_RANGE, -100..=100);
+/// ```
+pub const DEFAULT_PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -100..=100;
 
 impl FlowConfig {
     pub(crate) fn has_backpressure(&self) -> bool {
@@ -118,7 +520,7 @@ impl FlowConfig {
     pub(crate) fn required_keys(&self) -> Vec<String> {
         let mut keys: Vec<String> = self.rules.iter().filter_map(|r| r.key.clone()).collect();
         keys.extend(self.debounce.as_ref().and_then(|d| d.key.clone()));
-        keys.extend(self.singleton.as_ref().and_then(|s| s.0.clone()));
+        keys.extend(self.singleton.as_ref().and_then(|s| s.key.clone()));
         keys.sort();
         keys.dedup();
         keys
@@ -221,7 +623,7 @@ pub(crate) fn resolve(function: &str, flow: &FlowConfig, limits: &Limits) -> Res
             name,
             kind: r.kind,
             capacity: i32::try_from(r.capacity).unwrap_or(i32::MAX),
-            period_s: r.period.as_secs_f64(),
+            period_s: r.period.min(crate::limits::MAX_DURATION).as_secs_f64(),
             burst: i32::try_from(r.burst).unwrap_or(i32::MAX),
             pointer: r.key.clone(),
             path: check_pointer(function, &r.key)?,
@@ -232,21 +634,26 @@ pub(crate) fn resolve(function: &str, flow: &FlowConfig, limits: &Limits) -> Res
     }
     if let Some(d) = &flow.debounce {
         check_pointer(function, &d.key)?;
-        if d.period.is_zero() || d.max_wait < d.period {
+        if d.period.is_zero() || d.max_wait_or_default() < d.period {
             return Err(invalid("debounce needs a period above zero and max_wait >= period".into()));
         }
     }
-    if let Some((key, _)) = &flow.singleton {
-        check_pointer(function, key)?;
+    if let Some(s) = &flow.singleton {
+        check_pointer(function, &s.key)?;
     }
     if let Some(p) = &flow.priority_from {
         check_pointer(function, &Some(p.clone()))?;
+    }
+    if let Some(r) = &flow.priority_range
+        && r.is_empty()
+    {
+        return Err(invalid(format!("priority_range {r:?} is empty")));
     }
     Ok(out)
 }
 
 /// Send-time options of one function, as stored in `durastep.function_options`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct StoredOptions {
     pub debounce_s: Option<f64>,
     pub debounce_max_s: Option<f64>,
@@ -257,6 +664,24 @@ pub(crate) struct StoredOptions {
     pub singleton_path: Option<Vec<String>>,
     pub priority_pointer: Option<String>,
     pub priority_path: Option<Vec<String>>,
+    pub priority_range: std::ops::RangeInclusive<i32>,
+}
+
+impl Default for StoredOptions {
+    fn default() -> Self {
+        StoredOptions {
+            debounce_s: None,
+            debounce_max_s: None,
+            debounce_pointer: None,
+            debounce_path: None,
+            singleton_mode: None,
+            singleton_pointer: None,
+            singleton_path: None,
+            priority_pointer: None,
+            priority_path: None,
+            priority_range: DEFAULT_PRIORITY_RANGE,
+        }
+    }
 }
 
 impl StoredOptions {
@@ -268,45 +693,23 @@ impl StoredOptions {
         let path = |p: &Option<String>| p.as_deref().and_then(|p| parse_pointer(p).ok());
         let mut o = StoredOptions::default();
         if let Some(d) = &flow.debounce {
-            o.debounce_s = Some(d.period.as_secs_f64());
-            o.debounce_max_s = Some(d.max_wait.as_secs_f64());
+            o.debounce_s = Some(d.period.min(crate::limits::MAX_DURATION).as_secs_f64());
+            o.debounce_max_s = Some(d.max_wait_or_default().min(crate::limits::MAX_DURATION).as_secs_f64());
             o.debounce_pointer = d.key.clone();
             o.debounce_path = path(&d.key);
         }
-        if let Some((key, mode)) = &flow.singleton {
-            o.singleton_mode = Some(mode.as_str());
-            o.singleton_pointer = key.clone();
-            o.singleton_path = path(key);
+        if let Some(s) = &flow.singleton {
+            o.singleton_mode = Some(s.mode.as_str());
+            o.singleton_pointer = s.key.clone();
+            o.singleton_path = path(&s.key);
         }
         if let Some(p) = &flow.priority_from {
             o.priority_pointer = Some(p.clone());
             o.priority_path = path(&Some(p.clone()));
         }
+        o.priority_range = flow.priority_range.clone().unwrap_or(DEFAULT_PRIORITY_RANGE);
         Some(o)
     }
-}
-
-/// Why a queued run is not running yet: the flow rule it waits for.
-///
-/// ```no_run
-/// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
-/// if let Some(w) = engine.run(id).await?.flow_wait {
-///     println!("waits for {} {} on key {:?}; next possible start {:?}", w.kind, w.rule, w.key, w.next_possible_start);
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[non_exhaustive]
-pub struct FlowWait {
-    /// The rule's name (a shared name, or `<function>#concurrency1`, ...).
-    pub rule: String,
-    /// `concurrency`, `throttle` or `backpressure`.
-    pub kind: String,
-    /// The key's value (`""` for a function-wide limit).
-    pub key: String,
-    /// When the run can start at the earliest (None for a full concurrency key:
-    /// when a slot frees).
-    pub next_possible_start: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 #[cfg(test)]
@@ -320,6 +723,16 @@ mod tests {
         assert!(parse_pointer("").is_err());
         assert!(parse_pointer("/a~").is_err());
         assert!(parse_pointer("/a\0").is_err());
+    }
+
+    /// Catches: a debounce without `max_wait` that never fires under a steady
+    /// stream of events (no cap), or a cap below the period (refused at build).
+    #[test]
+    fn debounce_max_wait_defaults_to_ten_periods() {
+        let d = Debounce::new(Duration::from_secs(3));
+        assert_eq!(d.max_wait_or_default(), Duration::from_secs(30));
+        let d = d.max_wait(Duration::from_secs(5));
+        assert_eq!(d.max_wait_or_default(), Duration::from_secs(5));
     }
 
     #[test]

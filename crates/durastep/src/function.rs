@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::ctx::Ctx;
 use crate::failure::{HandlerError, HandlerResult};
-use crate::flow::{Debounce, FlowConfig, Kind, Rule, SingletonMode};
+use crate::flow::{Backpressure, Concurrency, Debounce, FlowConfig, RateLimit, Singleton, Throttle};
 use crate::schedule::{CatchUp, Schedule};
 
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -57,7 +57,8 @@ impl Backoff {
         Backoff::Custom(Arc::new(f))
     }
 
-    /// The delay after failed attempt number `attempt` (1-based).
+    /// The delay after failed attempt number `attempt` (1-based). The worker
+    /// cuts it to [`crate::limits::MAX_RETRY_DELAY`].
     ///
     /// ```
     /// let d = durastep::Backoff::default().delay(1);
@@ -70,7 +71,7 @@ impl Backoff {
                 let raw = base.saturating_mul(1u32 << exp).min(*max);
                 // Jitter from a v4 uuid's random bits: no extra dependency for a coin flip.
                 let unit = (Uuid::new_v4().as_u128() % 1_000) as f64 / 1_000.0;
-                raw + raw.mul_f64(0.25 * unit)
+                raw.saturating_add(raw.mul_f64(0.25 * unit))
             }
             Backoff::Fixed(d) => *d,
             Backoff::Custom(f) => f(attempt),
@@ -119,7 +120,7 @@ pub struct FailedRun<I> {
     /// Its last error.
     pub error: String,
     /// How many attempts it had.
-    pub attempts: i32,
+    pub attempts: u32,
     /// The event payload that started it.
     pub event: I,
 }
@@ -148,22 +149,91 @@ pub struct Function {
     pub(crate) handler: ErasedHandler,
     pub(crate) on_failure: Option<ErasedHandler>,
     pub(crate) flow: FlowConfig,
-    pub(crate) cancel_on: Vec<CancelOn>,
+    pub(crate) cancel_on: Vec<CancelRule>,
     /// Why the definition is invalid (reported by `build`).
     pub(crate) invalid: Vec<String>,
     pub(crate) schedule: Option<Schedule>,
     pub(crate) catch_up: CatchUp,
     pub(crate) start_timeout: Option<Duration>,
     pub(crate) finish_timeout: Option<Duration>,
+    pub(crate) step_timeout: Option<Duration>,
+    pub(crate) max_lease_losses: u32,
+    pub(crate) version: u32,
 }
 
 /// One `cancel_on` rule: an event of this name cancels the runs whose own event
 /// data has, at `run_path`, the value the new event has at `event_path`.
 #[derive(Debug, Clone)]
-pub(crate) struct CancelOn {
+pub(crate) struct CancelRule {
     pub event: String,
     pub event_path: Vec<String>,
     pub run_path: Vec<String>,
+}
+
+/// A rule that cancels a function's runs when an event arrives; see
+/// [`FunctionBuilder::cancel_on`].
+///
+/// ```
+/// use durastep::CancelOn;
+/// // The paused campaign's runs: same `campaign_id` in both events.
+/// let same = CancelOn::event("campaign/paused").key("/campaign_id");
+/// // Different places: the event's `/id` against the run's `/campaign/id`.
+/// let mapped = CancelOn::event("campaign/deleted").event_key("/id").run_key("/campaign/id");
+/// # let _ = (same, mapped);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct CancelOn {
+    event: String,
+    event_key: Option<String>,
+    run_key: Option<String>,
+}
+
+impl CancelOn {
+    /// A rule for events with this name; give it a key.
+    ///
+    /// ```
+    /// let r = durastep::CancelOn::event("order/cancelled").key("/order_id");
+    /// # let _ = r;
+    /// ```
+    pub fn event(name: impl Into<String>) -> Self {
+        CancelOn { event: name.into(), event_key: None, run_key: None }
+    }
+
+    /// Matches the new event and the run's own event at the same JSON pointer.
+    ///
+    /// ```
+    /// let r = durastep::CancelOn::event("campaign/paused").key("/campaign_id");
+    /// # let _ = r;
+    /// ```
+    pub fn key(mut self, pointer: impl Into<String>) -> Self {
+        let pointer = pointer.into();
+        self.event_key = Some(pointer.clone());
+        self.run_key = Some(pointer);
+        self
+    }
+
+    /// The JSON pointer into the cancelling event's data.
+    ///
+    /// ```
+    /// let r = durastep::CancelOn::event("campaign/deleted").event_key("/id").run_key("/campaign_id");
+    /// # let _ = r;
+    /// ```
+    pub fn event_key(mut self, pointer: impl Into<String>) -> Self {
+        self.event_key = Some(pointer.into());
+        self
+    }
+
+    /// The JSON pointer into the run's own event data.
+    ///
+    /// ```
+    /// let r = durastep::CancelOn::event("campaign/deleted").event_key("/id").run_key("/campaign_id");
+    /// # let _ = r;
+    /// ```
+    pub fn run_key(mut self, pointer: impl Into<String>) -> Self {
+        self.run_key = Some(pointer.into());
+        self
+    }
 }
 
 impl Function {
@@ -198,6 +268,9 @@ impl Function {
             catch_up: CatchUp::default(),
             start_timeout: None,
             finish_timeout: None,
+            step_timeout: None,
+            max_lease_losses: DEFAULT_LEASE_LOSSES,
+            version: 0,
         }
     }
 
@@ -209,6 +282,16 @@ impl Function {
     /// ```
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The function's version ([`FunctionBuilder::version`]; 0 unless set).
+    ///
+    /// ```
+    /// let f = durastep::Function::new("f").version(3).handler(|_ctx, _x: ()| async { Ok(()) });
+    /// assert_eq!(f.version(), 3);
+    /// ```
+    pub fn version(&self) -> u32 {
+        self.version
     }
 }
 
@@ -222,6 +305,7 @@ impl fmt::Debug for Function {
             .field("on_failure", &self.on_failure.is_some())
             .field("flow", &self.flow)
             .field("cancel_on", &self.cancel_on)
+            .field("version", &self.version)
             .finish()
     }
 }
@@ -235,13 +319,24 @@ pub struct FunctionBuilder {
     backoff: Backoff,
     on_failure: Option<ErasedHandler>,
     flow: FlowConfig,
-    cancel_on: Vec<CancelOn>,
+    cancel_on: Vec<CancelRule>,
     invalid: Vec<String>,
     schedule: Option<Schedule>,
     catch_up: CatchUp,
     start_timeout: Option<Duration>,
     finish_timeout: Option<Duration>,
+    step_timeout: Option<Duration>,
+    max_lease_losses: u32,
+    version: u32,
 }
+
+/// How many lost leases a run survives by default before it fails; see
+/// [`FunctionBuilder::lease_losses`].
+///
+/// ```
+/// assert_eq!(durastep::DEFAULT_LEASE_LOSSES, 10);
+/// ```
+pub const DEFAULT_LEASE_LOSSES: u32 = 10;
 
 /// Splits a JSON pointer (RFC 6901: `""` is the whole document, `"/a/b"` is
 /// key `b` inside key `a`, `~1` is `/` and `~0` is `~`) into the path Postgres'
@@ -332,28 +427,74 @@ impl FunctionBuilder {
         self
     }
 
-    /// Cancels this function's unfinished runs when an event named `event`
-    /// arrives whose data, at the JSON pointer `matching.0`, equals the value the
-    /// run's own event data has at the JSON pointer `matching.1`. The cancel
-    /// happens in the statement (and transaction) that stores the event: queued,
-    /// sleeping and waiting runs never execute again; a running run stops at its
-    /// next step boundary, as with [`crate::Engine::cancel`]. Runs whose data has
-    /// no value at the pointer are never cancelled by it. Call it more than once
-    /// for several rules. An invalid pointer (not empty, not starting with `/`)
-    /// is refused at build.
+    /// The longest any step body of this function may run (default: no
+    /// limit). When it passes, the body is stopped (its future is dropped at
+    /// its next `.await`; a `step_tx` transaction is rolled back) and the
+    /// attempt fails as retryable with `"step <name>: timed out after
+    /// <timeout> (step timeout)"`, so the run is retried with the backoff. A
+    /// step can set its own with [`crate::StepOptions::timeout`]. Heartbeats
+    /// keep the lease of a hung body alive, so without a timeout a body that
+    /// never returns holds its run (and its flow-control slots) until a
+    /// [`FunctionBuilder::finish_timeout`] or a cancel. Sleeps, waits and
+    /// invokes are not step bodies: they have their own timeouts.
     ///
     /// ```
+    /// let b = durastep::Function::new("push").step_timeout(std::time::Duration::from_secs(120));
+    /// # let _ = b;
+    /// ```
+    pub fn step_timeout(mut self, timeout: Duration) -> Self {
+        self.step_timeout = Some(timeout);
+        self
+    }
+
+    /// How many times a run may lose its lease (its worker was killed, crashed,
+    /// was redeployed or stalled past its lease, or a claim's answer was lost)
+    /// before it fails (default [`DEFAULT_LEASE_LOSSES`], 10). A lost lease is
+    /// not the handler's failure, so it does not spend [`FunctionBuilder::retries`]:
+    /// the reaper counts it here (`lease_losses` on the run), and the run is
+    /// retried at once with the same attempt number. A run whose lease is lost
+    /// more often than this fails with `"lease expired: ..."` (`on_failure`
+    /// runs). 0 fails a run at its first lost lease.
+    ///
+    /// ```
+    /// let b = durastep::Function::new("import").lease_losses(25);
+    /// # let _ = b;
+    /// ```
+    pub fn lease_losses(mut self, losses: u32) -> Self {
+        self.max_lease_losses = losses;
+        self
+    }
+
+    /// Cancels this function's unfinished runs when the [`CancelOn`] rule's
+    /// event arrives whose data, at the rule's event key, equals the value the
+    /// run's own event data has at its run key. The cancel happens in the
+    /// statement (and transaction) that stores the event: queued, sleeping and
+    /// waiting runs never execute again; a running run stops at its next step
+    /// boundary, as with [`crate::Engine::cancel`]. Runs whose data has no
+    /// value at the key are never cancelled by it. Call it more than once for
+    /// several rules. A rule without a key, or with an invalid pointer, is
+    /// refused at build.
+    ///
+    /// ```
+    /// use durastep::{CancelOn, Function};
     /// // A budget push is cancelled when its campaign is paused.
-    /// let f = durastep::Function::new("meta-budget-update")
+    /// let f = Function::new("meta-budget-update")
     ///     .on_event("campaign/budget.requested")
-    ///     .cancel_on("campaign/paused", ("/campaign_id", "/campaign_id"))
+    ///     .cancel_on(CancelOn::event("campaign/paused").key("/campaign_id"))
     ///     .handler(|_ctx, _req: serde_json::Value| async move { Ok(()) });
     /// # let _ = f;
     /// ```
-    pub fn cancel_on(mut self, event: impl Into<String>, matching: (&str, &str)) -> Self {
-        match (pointer_path(matching.0), pointer_path(matching.1)) {
+    pub fn cancel_on(mut self, rule: CancelOn) -> Self {
+        let (Some(event_key), Some(run_key)) = (&rule.event_key, &rule.run_key) else {
+            self.invalid.push(format!(
+                "cancel_on({:?}) needs a key: CancelOn::event(..).key(\"/field\") (or .event_key() and .run_key())",
+                rule.event
+            ));
+            return self;
+        };
+        match (pointer_path(event_key), pointer_path(run_key)) {
             (Ok(event_path), Ok(run_path)) => {
-                self.cancel_on.push(CancelOn { event: event.into(), event_path, run_path });
+                self.cancel_on.push(CancelRule { event: rule.event, event_path, run_path });
             }
             // build() refuses the definition with the reason.
             (Err(e), _) | (_, Err(e)) => self.invalid.push(format!("cancel_on: {e}")),
@@ -414,104 +555,76 @@ impl FunctionBuilder {
         self
     }
 
-    fn rule(
-        mut self,
-        shared: Option<&str>,
-        kind: Kind,
-        capacity: u32,
-        period: Duration,
-        burst: u32,
-        key: Option<&str>,
-    ) -> Self {
-        self.flow.rules.push(Rule {
-            shared: shared.map(str::to_owned),
-            kind,
-            capacity,
-            period,
-            burst,
-            key: key.map(str::to_owned),
-        });
+    fn rule(mut self, rule: crate::flow::Rule) -> Self {
+        self.flow.rules.push(rule);
         self
     }
 
     /// At most `limit` attempts of this function execute at once per key, across
-    /// every worker and process. `key` is a JSON pointer into the event data
-    /// (`Some("/ad_account_id")`), or `None` for one limit over the whole
-    /// function. A slot is held only while an attempt executes (state
-    /// `running`); sleeping, waiting and queued runs hold none. Up to two
-    /// concurrency limits per function; a run starts when it has a slot of both.
-    /// A malformed pointer fails [`crate::EngineBuilder::build`]; an event that
-    /// lacks the key is refused at send with [`crate::Error::MissingKey`].
+    /// every worker and process ([`Concurrency::key`] is a JSON pointer into
+    /// the event data; without it, one limit over the whole function;
+    /// [`Concurrency::shared`] shares it by name with other functions). A slot
+    /// is held only while an attempt executes (state `running`); sleeping,
+    /// waiting and queued runs hold none. Up to two concurrency limits per
+    /// function; a run starts when it has a slot of both. A malformed pointer
+    /// fails [`crate::EngineBuilder::build`]; an event that lacks the key is
+    /// refused at send with [`crate::Error::MissingKey`].
     ///
     /// ```
+    /// use durastep::{Concurrency, Function};
     /// // Story B: Meta allows 6 concurrent writes per ad account.
-    /// let f = durastep::Function::new("meta-budget-update")
+    /// let f = Function::new("meta-budget-update")
     ///     .on_event("campaign/budget.requested")
-    ///     .concurrency(6, Some("/ad_account_id"))
+    ///     .concurrency(Concurrency::new(6).key("/ad_account_id"))
     ///     .handler(|_ctx, _req: serde_json::Value| async { Ok(()) });
-    /// # let _ = f;
-    /// ```
-    pub fn concurrency(self, limit: u32, key: Option<&str>) -> Self {
-        self.rule(None, Kind::Concurrency, limit, Duration::ZERO, 0, key)
-    }
-
-    /// A concurrency limit shared by name with every function that declares the
-    /// same name: their attempts together never exceed `limit` per key. Every
-    /// function sharing a name must give it the same limit (the last engine to
-    /// register it decides). Each function gives its own key pointer.
-    ///
-    /// ```
     /// // Story A: every function that calls Exact Online shares one slot.
-    /// let draft = durastep::Function::new("exact-draft-invoice")
+    /// let draft = Function::new("exact-draft-invoice")
     ///     .on_event("deal/placement")
-    ///     .concurrency_shared("exact-online", 1, None)
+    ///     .concurrency(Concurrency::new(1).shared("exact-online"))
     ///     .handler(|_ctx, _e: serde_json::Value| async { Ok(()) });
-    /// let credit = durastep::Function::new("exact-credit-note")
-    ///     .on_event("deal/cancelled")
-    ///     .concurrency_shared("exact-online", 1, None)
-    ///     .handler(|_ctx, _e: serde_json::Value| async { Ok(()) });
-    /// # let _ = (draft, credit);
+    /// # let _ = (f, draft);
     /// ```
-    pub fn concurrency_shared(self, name: &str, limit: u32, key: Option<&str>) -> Self {
-        self.rule(Some(name), Kind::Concurrency, limit, Duration::ZERO, 0, key)
+    pub fn concurrency(self, limit: Concurrency) -> Self {
+        self.rule(limit.rule())
     }
 
     /// Throttles starts per key with GCRA: at most `limit + burst` attempts start
-    /// in any window of `period` (with `burst` 0, starts are at least
+    /// in any window of the period (with burst 0, starts are at least
     /// `period / limit` apart). Runs over the limit **wait** and start as capacity
     /// frees, in priority then arrival order; none is dropped. Use this when
     /// every event matters (a budget change).
     ///
     /// ```
-    /// use std::time::Duration;
+    /// use durastep::{Function, Throttle};
     /// // Story B: at most 100 starts per minute per LinkedIn account.
-    /// let f = durastep::Function::new("linkedin-budget-update")
+    /// let f = Function::new("linkedin-budget-update")
     ///     .on_event("campaign/budget.requested")
-    ///     .throttle(100, Duration::from_secs(60), 0, Some("/account_id"))
+    ///     .throttle(Throttle::per_minute(100).key("/account_id"))
     ///     .handler(|_ctx, _req: serde_json::Value| async { Ok(()) });
     /// # let _ = f;
     /// ```
-    pub fn throttle(self, limit: u32, period: Duration, burst: u32, key: Option<&str>) -> Self {
-        self.rule(None, Kind::Throttle, limit, period, burst, key)
+    pub fn throttle(self, throttle: Throttle) -> Self {
+        self.rule(throttle.rule())
     }
 
     /// Rate-limits starts per key with GCRA: at most `limit` attempts start in
-    /// any window of `period` (at least `period / limit` apart). A run over the
+    /// any window of the period (at least `period / limit` apart). A run over the
     /// limit is **not started**: it ends in state `skipped`, with the reason in
     /// `last_error`. Use this when only the latest or a sample matters (a
     /// "refresh the dashboard" event); use [`FunctionBuilder::throttle`] when
     /// every event must be processed.
     ///
     /// ```
+    /// use durastep::{Function, RateLimit};
     /// use std::time::Duration;
-    /// let f = durastep::Function::new("refresh-report")
+    /// let f = Function::new("refresh-report")
     ///     .on_event("report/stale")
-    ///     .rate_limit(1, Duration::from_secs(300), Some("/client_id"))
+    ///     .rate_limit(RateLimit::new(1, Duration::from_secs(300)).key("/client_id"))
     ///     .handler(|_ctx, _e: serde_json::Value| async { Ok(()) });
     /// # let _ = f;
     /// ```
-    pub fn rate_limit(self, limit: u32, period: Duration, key: Option<&str>) -> Self {
-        self.rule(None, Kind::RateLimit, limit, period, 0, key)
+    pub fn rate_limit(self, limit: RateLimit) -> Self {
+        self.rule(limit.rule())
     }
 
     /// Key back-pressure: when an attempt fails with
@@ -519,70 +632,65 @@ impl FunctionBuilder {
     /// key pauses until then: no attempt of this function with that key starts
     /// before it. Such a retry does not count as an attempt, up to
     /// [`crate::BACKPRESSURE_FREE_RETRIES`] times per run. The key is private to
-    /// this function; see [`FunctionBuilder::backpressure_shared`].
+    /// this function unless [`Backpressure::shared`] names it.
     ///
     /// ```
-    /// let f = durastep::Function::new("linkedin-budget-update")
+    /// use durastep::{Backpressure, Function};
+    /// let f = Function::new("linkedin-budget-update")
     ///     .on_event("campaign/budget.requested")
-    ///     .backpressure(Some("/account_id"))
+    ///     .backpressure(Backpressure::new().key("/account_id").shared("linkedin-writes"))
     ///     .handler(|_ctx, _req: serde_json::Value| async { Ok(()) });
     /// # let _ = f;
     /// ```
-    pub fn backpressure(self, key: Option<&str>) -> Self {
-        self.rule(None, Kind::Backpressure, 0, Duration::ZERO, 0, key)
-    }
-
-    /// Key back-pressure shared by name: a 429 in any function that declares
-    /// `name` pauses the key for all of them (one LinkedIn account's write
-    /// bucket, whichever function drained it).
-    ///
-    /// ```
-    /// let f = durastep::Function::new("linkedin-budget-update")
-    ///     .on_event("campaign/budget.requested")
-    ///     .backpressure_shared("linkedin-writes", Some("/account_id"))
-    ///     .handler(|_ctx, _req: serde_json::Value| async { Ok(()) });
-    /// # let _ = f;
-    /// ```
-    pub fn backpressure_shared(self, name: &str, key: Option<&str>) -> Self {
-        self.rule(Some(name), Kind::Backpressure, 0, Duration::ZERO, 0, key)
+    pub fn backpressure(self, backpressure: Backpressure) -> Self {
+        self.rule(backpressure.rule())
     }
 
     /// Debounces events per key: a burst of events produces one run, with the
-    /// latest event's data, that starts `period` after the last event of the
-    /// burst, and never later than `max_wait` after the first. An event that
-    /// arrives once the run has started begins a new burst.
+    /// latest event's data, that starts the debounce period after the last
+    /// event of the burst, and never later than its `max_wait` after the first.
+    /// An event that arrives once the run has started begins a new burst, also
+    /// while the started run is queued again (a retry's backoff, a release, a
+    /// reaped lease), whose event and due time are left alone. Every send of a
+    /// burst, and a repeated send of any of its events, names the burst's run.
     ///
     /// ```
+    /// use durastep::{Debounce, Function};
     /// use std::time::Duration;
-    /// let f = durastep::Function::new("resync-contact")
+    /// let f = Function::new("resync-contact")
     ///     .on_event("contact/changed")
-    ///     .debounce(Duration::from_secs(30), Some("/contact_id"), Duration::from_secs(300))
+    ///     .debounce(Debounce::new(Duration::from_secs(30)).key("/contact_id").max_wait(Duration::from_secs(300)))
     ///     .handler(|_ctx, _e: serde_json::Value| async { Ok(()) });
     /// # let _ = f;
     /// ```
-    pub fn debounce(mut self, period: Duration, key: Option<&str>, max_wait: Duration) -> Self {
-        self.flow.debounce = Some(Debounce { period, key: key.map(str::to_owned), max_wait });
+    pub fn debounce(mut self, debounce: Debounce) -> Self {
+        self.flow.debounce = Some(debounce);
         self
     }
 
     /// At most one active (queued, running, sleeping or waiting) run per key;
-    /// `mode` says what a new event for a busy key does.
+    /// the [`crate::SingletonMode`] says what a new event for a busy key does.
     ///
     /// ```
-    /// let f = durastep::Function::new("rotate-token")
+    /// use durastep::{Function, Singleton, SingletonMode};
+    /// let f = Function::new("rotate-token")
     ///     .on_event("token/expiring")
-    ///     .singleton(Some("/account_id"), durastep::SingletonMode::SkipNew)
+    ///     .singleton(Singleton::new(SingletonMode::SkipNew).key("/account_id"))
     ///     .handler(|_ctx, _e: serde_json::Value| async { Ok(()) });
     /// # let _ = f;
     /// ```
-    pub fn singleton(mut self, key: Option<&str>, mode: SingletonMode) -> Self {
-        self.flow.singleton = Some((key.map(str::to_owned), mode));
+    pub fn singleton(mut self, singleton: Singleton) -> Self {
+        self.flow.singleton = Some(singleton);
         self
     }
 
     /// Takes each run's priority from the event data (an integer at this JSON
-    /// pointer; higher runs first among due runs). An event without a number
-    /// there keeps the priority it was sent with ([`crate::Event::priority`]).
+    /// pointer; higher runs first among due runs), clamped to the function's
+    /// [`FunctionBuilder::priority_range`] (default
+    /// [`crate::DEFAULT_PRIORITY_RANGE`], -100 to 100), so a sender cannot put
+    /// its runs ahead of everything by writing a huge number. An event without
+    /// a number there keeps the priority it was sent with
+    /// ([`crate::Event::priority`], set by your code, not clamped).
     ///
     /// ```
     /// let f = durastep::Function::new("notify")
@@ -593,6 +701,58 @@ impl FunctionBuilder {
     /// ```
     pub fn priority_from(mut self, pointer: &str) -> Self {
         self.flow.priority_from = Some(pointer.to_owned());
+        self
+    }
+
+    /// The range a priority taken from event data ([`FunctionBuilder::priority_from`])
+    /// is clamped to (default [`crate::DEFAULT_PRIORITY_RANGE`]). An empty range
+    /// is refused at build.
+    ///
+    /// ```
+    /// let f = durastep::Function::new("notify")
+    ///     .on_event("deal/stage.changed")
+    ///     .priority_from("/urgency")
+    ///     .priority_range(0..=10)
+    ///     .handler(|_ctx, _e: serde_json::Value| async { Ok(()) });
+    /// # let _ = f;
+    /// ```
+    pub fn priority_range(mut self, range: std::ops::RangeInclusive<i32>) -> Self {
+        self.flow.priority_range = Some(range);
+        self
+    }
+
+    /// The function's version (default 0): each run starts under the newest
+    /// version the registering engine has and keeps it for good, and a worker
+    /// claims only runs of the versions it registers. To change a handler in
+    /// a way its runs in flight would not replay, give the new code a new
+    /// version and keep registering the old version's handler beside it (the
+    /// same id, its old version) until no run of the old version is
+    /// unfinished; then delete it.
+    ///
+    /// Of the versions of one id registered together, the newest defines the
+    /// function (its triggers, retries, flow control, schedule, cancel rules,
+    /// timeouts and `on_failure` are what is registered); an older version
+    /// contributes its handler, with its own backoff, step timeout and
+    /// `on_failure` handler, for its own runs only. Versions are numbers so
+    /// that "newest" is never ambiguous. Two definitions with the same id and
+    /// version are refused at build.
+    ///
+    /// ```
+    /// use durastep::{Ctx, Engine, Function};
+    /// // v1 charged in one step; v2 reserves, then captures.
+    /// let v1 = Function::new("billing").on_event("invoice/due").version(1)
+    ///     .handler(|ctx: Ctx, id: u64| async move { ctx.step("charge", || async move { Ok(id) }).await });
+    /// let v2 = Function::new("billing").on_event("invoice/due").version(2)
+    ///     .handler(|ctx: Ctx, id: u64| async move {
+    ///         ctx.step("reserve", || async move { Ok(id) }).await?;
+    ///         ctx.step("capture", || async move { Ok(id) }).await
+    ///     });
+    /// // New runs start under 2; the runs of 1 drain on v1's handler.
+    /// let b = Engine::builder().function(v2).function(v1);
+    /// # let _ = b;
+    /// ```
+    pub fn version(mut self, version: u32) -> Self {
+        self.version = version;
         self
     }
 
@@ -624,6 +784,9 @@ impl FunctionBuilder {
             catch_up: self.catch_up,
             start_timeout: self.start_timeout,
             finish_timeout: self.finish_timeout,
+            step_timeout: self.step_timeout,
+            max_lease_losses: self.max_lease_losses,
+            version: self.version,
         }
     }
 }

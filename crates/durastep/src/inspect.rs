@@ -32,13 +32,17 @@ use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::codec::{self, Keyring};
+use crate::codec::{self, Keyring, Kind, Place};
 use crate::engine::{Engine, Run, RunState};
 use crate::error::{Error, from_sqlx};
 use crate::store::{self, inspect as sql};
 
 /// The most rows one listing returns.
 pub const MAX_PAGE: u32 = 1_000;
+
+/// Below this many runs (the planner's estimate), [`Inspector::counts_estimated`]
+/// counts exactly.
+pub const EXACT_COUNT_BELOW: i64 = 50_000;
 
 /// Reads runs, events and functions. Get one from [`Engine::inspect`]; cheap to clone.
 ///
@@ -281,17 +285,129 @@ pub struct RunSummary {
     /// Its state.
     pub state: RunState,
     /// The current (or last) attempt.
-    pub attempt: i32,
+    pub attempt: u32,
     /// Attempts allowed in all.
-    pub max_attempts: i32,
+    pub max_attempts: u32,
     /// When it is (or was) next due.
     pub run_at: DateTime<Utc>,
     /// When it was created.
     pub created_at: DateTime<Utc>,
     /// When it finished.
     pub finished_at: Option<DateTime<Utc>>,
-    /// The last failure.
+    /// The last failure. A completed run keeps the error of an earlier,
+    /// retried attempt: `error_standing` says so.
     pub last_error: Option<String>,
+    /// What `last_error` means for this run (None when it has none): a
+    /// completed run's is [`ErrorStanding::Recovered`], not a failure.
+    pub error_standing: Option<ErrorStanding>,
+}
+
+/// What a run's last error means, given how the run stands: the error of an
+/// attempt that a retry recovered from, the failure that ended the run (at
+/// once, or after every attempt), or the failure of an attempt that will be
+/// retried. The CLI and the dashboard show errors by it, so that a completed
+/// run never looks failed.
+///
+/// ```
+/// use durastep::{RunState, inspect::ErrorStanding};
+/// assert_eq!(ErrorStanding::of(RunState::Completed, 2, 3), ErrorStanding::Recovered);
+/// assert_eq!(ErrorStanding::of(RunState::Failed, 1, 3), ErrorStanding::Permanent);
+/// assert_eq!(ErrorStanding::of(RunState::Failed, 3, 3), ErrorStanding::Exhausted);
+/// assert_eq!(ErrorStanding::of(RunState::Queued, 1, 3), ErrorStanding::Retrying);
+/// assert_eq!(ErrorStanding::Permanent.as_str(), "permanent");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ErrorStanding {
+    /// The run completed: the error ended an earlier attempt, and a retry
+    /// (or a replay) completed it. Not the run's error.
+    Recovered,
+    /// The run failed with attempts left: a permanent error
+    /// ([`crate::HandlerError::permanent`]), or a limit such as the lease-loss
+    /// budget, ended it without a retry.
+    Permanent,
+    /// The run failed on its last attempt: it is out of attempts. (A
+    /// permanent error on the last attempt looks the same: either way no
+    /// attempt was left.)
+    Exhausted,
+    /// The run has not finished: the error ended an earlier attempt, and it
+    /// runs again (or is running).
+    Retrying,
+    /// The run was cancelled or skipped after an attempt failed with it.
+    BeforeCancel,
+    /// The run is parked after its replay diverged; the error says where.
+    Diverged,
+}
+
+impl ErrorStanding {
+    /// The standing of the last error of a run in `state` that has spent
+    /// `attempt` of `max_attempts` (its attempt number less its lost leases,
+    /// which do not count): a failed run with attempts left failed permanently.
+    ///
+    /// ```
+    /// use durastep::{RunState, inspect::ErrorStanding};
+    /// assert_eq!(ErrorStanding::of(RunState::Cancelled, 1, 3), ErrorStanding::BeforeCancel);
+    /// ```
+    pub fn of(state: RunState, attempt: u32, max_attempts: u32) -> ErrorStanding {
+        match state {
+            RunState::Completed => ErrorStanding::Recovered,
+            RunState::Failed if attempt < max_attempts => ErrorStanding::Permanent,
+            RunState::Failed => ErrorStanding::Exhausted,
+            RunState::Cancelled | RunState::Skipped => ErrorStanding::BeforeCancel,
+            RunState::Diverged => ErrorStanding::Diverged,
+            _ => ErrorStanding::Retrying,
+        }
+    }
+
+    /// Its name, as in JSON (`recovered`, `permanent`, ...).
+    ///
+    /// ```
+    /// assert_eq!(durastep::inspect::ErrorStanding::BeforeCancel.as_str(), "before_cancel");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorStanding::Recovered => "recovered",
+            ErrorStanding::Permanent => "permanent",
+            ErrorStanding::Exhausted => "exhausted",
+            ErrorStanding::Retrying => "retrying",
+            ErrorStanding::BeforeCancel => "before_cancel",
+            ErrorStanding::Diverged => "diverged",
+        }
+    }
+
+    /// Whether the error is the run's own failure (it failed permanently or
+    /// out of attempts), as opposed to one it got past or has not finished with.
+    ///
+    /// ```
+    /// use durastep::inspect::ErrorStanding;
+    /// assert!(ErrorStanding::Exhausted.is_failure());
+    /// assert!(!ErrorStanding::Recovered.is_failure());
+    /// ```
+    pub fn is_failure(self) -> bool {
+        matches!(self, ErrorStanding::Permanent | ErrorStanding::Exhausted)
+    }
+}
+
+/// A run's last error, with what it means and the attempt it ended.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+/// if let Some(e) = engine.inspect().run(id).await?.error {
+///     println!("{} ({}, attempt {:?})", e.message, e.standing.as_str(), e.attempt);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct RunError {
+    /// The error (the run's `last_error`).
+    pub message: String,
+    /// What it means for the run.
+    pub standing: ErrorStanding,
+    /// The attempt it ended, from the state history (None when the history
+    /// does not record it, as for a run pruned of it or failed before a claim).
+    pub attempt: Option<u32>,
 }
 
 /// A page of runs.
@@ -442,13 +558,19 @@ pub struct HistoryEntry {
     /// The state the run entered.
     pub state: RunState,
     /// The attempt it was then at.
-    pub attempt: i32,
+    pub attempt: u32,
     /// The worker that claimed it (for `running`).
     pub worker_id: Option<Uuid>,
     /// The failure that ended an attempt here, if one did.
     pub error: Option<String>,
     /// The step that failed, when the attempt ended at a step.
     pub step: Option<String>,
+    /// Whether this entry is a replay: a finished run queued again
+    /// ([`Engine::replay`]).
+    pub replayed: bool,
+    /// For the entry that cancelled (or skipped) the run as it now stands:
+    /// why. (A replay clears the reason, so earlier cancellations have none.)
+    pub cancel_reason: Option<String>,
 }
 
 /// How one execution of a run (one claim) ended.
@@ -514,7 +636,7 @@ impl AttemptOutcome {
 #[non_exhaustive]
 pub struct AttemptRecord {
     /// The attempt number (a wake-up after a sleep executes the same attempt again).
-    pub attempt: i32,
+    pub attempt: u32,
     /// The worker that executed it.
     pub worker_id: Option<Uuid>,
     /// When it was claimed.
@@ -561,9 +683,9 @@ pub struct StepRecord {
     /// Stored or failed.
     pub status: StepStatus,
     /// Executions of it: failed ones plus the one that stored it.
-    pub attempts: i32,
+    pub attempts: u32,
     /// The attempt that stored it (or that last failed at it).
-    pub attempt: Option<i32>,
+    pub attempt: Option<u32>,
     /// When its (last) execution began, by the database clock; None for steps
     /// stored by the database itself (waits, invokes) and for failures.
     pub started_at: Option<DateTime<Utc>>,
@@ -576,6 +698,34 @@ pub struct StepRecord {
     pub output: Option<Value>,
     /// Its last failure.
     pub error: Option<String>,
+    /// For a durable sleep (`ctx.sleep`, `ctx.sleep_until`): the time it
+    /// wakes (or woke) at. The sleep itself lasts from `finished_at` (when the
+    /// wake time was stored) to this.
+    pub wake_at: Option<DateTime<Utc>>,
+    /// For a durable sleep: how long it sleeps (or slept), from when its wake
+    /// time was stored to `wake_at`. (`duration` is the few microseconds it
+    /// took to store that.)
+    #[serde(serialize_with = "ser_duration")]
+    pub slept: Option<Duration>,
+}
+
+impl StepRecord {
+    /// Whether it is a durable sleep.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
+    /// let sleeps = engine.inspect().run(id).await?.steps.iter().filter(|s| s.is_sleep()).count();
+    /// # let _ = sleeps; Ok(()) }
+    /// ```
+    pub fn is_sleep(&self) -> bool {
+        self.wake_at.is_some()
+    }
+}
+
+/// The wake time of a sleep step's stored record (`{"wake_at": ...}` alone).
+fn wake_time(output: &Value) -> Option<DateTime<Utc>> {
+    let map = output.as_object().filter(|m| m.len() == 1)?;
+    serde_json::from_value(map.get("wake_at")?.clone()).ok()
 }
 
 fn ser_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
@@ -598,6 +748,9 @@ fn ser_duration<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::O
 pub struct RunDetail {
     /// The run (its output opened when the engine holds the key).
     pub run: Run,
+    /// Its last error and what it means (a completed run's is recovered
+    /// from, not its failure); None when it has none.
+    pub error: Option<RunError>,
     /// The event that started it.
     pub event: StoredEvent,
     /// Every state change, oldest first.
@@ -655,13 +808,17 @@ pub struct Blocker {
     /// The key of that rule.
     pub key: Option<String>,
     /// Concurrency: the slots of the key in use.
-    pub in_use: Option<i32>,
+    pub in_use: Option<u32>,
     /// The rule's limit (slots, or starts per period).
-    pub limit: Option<i32>,
+    pub limit: Option<u32>,
     /// The earliest it can start (None: when a slot frees, or never by itself).
     pub next_possible_start: Option<DateTime<Utc>>,
     /// The event waited for, the child run, or the error behind a backoff.
     pub detail: Option<String>,
+    /// The step key of the wait ([`BlockerKind::WaitForEvent`]), invoke
+    /// ([`BlockerKind::Invoke`]) or sleep ([`BlockerKind::Sleep`]) it is in,
+    /// when known.
+    pub step: Option<String>,
 }
 
 /// The reasons a run is not running; see `durastep.run_blockers`.
@@ -753,7 +910,7 @@ pub enum Why {
     /// It is running now.
     Running {
         /// Its attempt.
-        attempt: i32,
+        attempt: u32,
         /// The worker holding it.
         worker_id: Option<Uuid>,
     },
@@ -766,6 +923,16 @@ pub enum Why {
     },
     /// Something holds it.
     Blocked(Blocker),
+    /// Its replay asked for something other than what it recorded: it is parked
+    /// until an operator resumes it ([`crate::Engine::resume_diverged`], once the
+    /// code is fixed) or discards its entries from a position
+    /// ([`crate::Engine::discard_from`]).
+    Diverged {
+        /// Where and how it diverged (`None` if the record was unreadable).
+        divergence: Option<crate::Divergence>,
+        /// The message stored as its last error.
+        reason: Option<String>,
+    },
 }
 
 /// Runs of one function in one state.
@@ -785,6 +952,9 @@ pub struct StateCount {
     pub state: RunState,
     /// How many runs.
     pub count: i64,
+    /// Whether `count` is the planner's estimate (see
+    /// [`Inspector::counts_estimated`]) rather than an exact count.
+    pub estimated: bool,
 }
 
 /// Runs created and finished in one minute.
@@ -826,7 +996,7 @@ pub struct FunctionInfo {
     /// The event names that trigger it.
     pub triggers: Vec<String>,
     /// Attempts per run.
-    pub max_attempts: i32,
+    pub max_attempts: u32,
     /// Its cron schedule, when it has one.
     pub cron: Option<CronInfo>,
     /// Its flow-control rules.
@@ -895,6 +1065,67 @@ impl Inspector {
         Inspector { pool, keyring }
     }
 
+    /// A read-only connection: connects to `url` and nothing else. It does not
+    /// migrate and registers nothing, so a role with `SELECT` only (the reader
+    /// role of docs/security.md) can use it. For the CLI's read commands and a
+    /// dashboard without actions.
+    ///
+    /// Errors: [`Error::Unavailable`] when the URL does not parse or the
+    /// database does not answer. A missing schema shows at the first read.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), durastep::Error> {
+    /// let reader = durastep::inspect::Inspector::connect("postgres://durastep_reader@127.0.0.1/app").await?;
+    /// let counts = reader.counts().await?;
+    /// # let _ = counts; Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Inspector, Error> {
+        use sqlx::Connection;
+        let options: sqlx::postgres::PgConnectOptions = url.parse().map_err(Error::Unavailable)?;
+        let options = options.options([("jit", "off")]);
+        // One plain connection first, so a refused host fails at once with its own error.
+        let probe = tokio::time::timeout(Duration::from_secs(10), sqlx::PgConnection::connect_with(&options))
+            .await
+            .map_err(|_| {
+                let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 10 s");
+                Error::Unavailable(sqlx::Error::Io(e))
+            })?
+            .map_err(Error::Unavailable)?;
+        let _ = probe.close().await;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(Error::Unavailable)?;
+        Ok(Inspector { pool, keyring: None })
+    }
+
+    /// A read-only inspector over an existing pool (turn JIT off on it, as
+    /// [`crate::EngineBuilder::pool`] says).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) {
+    /// let reader = durastep::inspect::Inspector::from_pool(pool);
+    /// # let _ = reader; }
+    /// ```
+    pub fn from_pool(pool: PgPool) -> Inspector {
+        Inspector { pool, keyring: None }
+    }
+
+    /// Opens sealed outputs with this keyring (as an engine built with
+    /// [`crate::EngineBuilder::encryption`] does).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) {
+    /// let reader = durastep::inspect::Inspector::from_pool(pool).encryption(durastep::Keyring::new("k1", [9u8; 32]));
+    /// # let _ = reader; }
+    /// ```
+    pub fn encryption(mut self, keyring: Keyring) -> Inspector {
+        self.keyring = Some(Arc::new(keyring));
+        self
+    }
+
     /// Lists runs matching `filter`, newest first, one page at a time.
     ///
     /// Errors: [`Error::InvalidFilter`] for a bad key path or page size.
@@ -930,12 +1161,16 @@ impl Inspector {
                 event_id: r.event_id,
                 event_name: r.event_name,
                 idempotency_key: r.idempotency_key,
-                state: RunState::parse(&r.state),
-                attempt: r.attempt,
-                max_attempts: r.max_attempts,
+                state: r.state,
+                attempt: count(r.attempt),
+                max_attempts: count(r.max_attempts),
                 run_at: r.run_at,
                 created_at: r.created_at,
                 finished_at: r.finished_at,
+                error_standing: r.last_error.as_ref().map(|_| {
+                    let counted = count(r.attempt).saturating_sub(count(r.lease_losses));
+                    ErrorStanding::of(r.state, counted, count(r.max_attempts))
+                }),
                 last_error: r.last_error,
             })
             .collect();
@@ -954,9 +1189,10 @@ impl Inspector {
     /// ```
     pub async fn run(&self, id: Uuid) -> Result<RunDetail, Error> {
         let row = store::load_run(&self.pool, id).await.map_err(from_sqlx)?.ok_or(Error::UnknownRun(id))?;
+        let place = row.output_place();
         let mut run = Run::from(row);
         if let Some(output) = run.output.take() {
-            run.output = Some(self.open(&codec::output_aad(id), output));
+            run.output = Some(self.open(&[place], output));
         }
         let (event, history, steps, children, blocker) = tokio::try_join!(
             sql::load_event(&self.pool, run.event_id),
@@ -967,30 +1203,25 @@ impl Inspector {
         )
         .map_err(from_sqlx)?;
         let event = event.map(event_of).ok_or(Error::UnknownRun(id))?;
-        let history: Vec<HistoryEntry> = history
-            .into_iter()
-            .map(|h| HistoryEntry {
-                at: h.at,
-                state: RunState::parse(&h.state),
-                attempt: h.attempt,
-                worker_id: h.worker_id,
-                error: h.error,
-                step: h.step,
-            })
-            .collect();
+        let history = history_of(&run, history);
         let attempts = attempts_of(&history);
         let steps = self.timeline(id, steps, &history);
+        let error = run.last_error.as_ref().map(|message| RunError {
+            message: message.clone(),
+            standing: ErrorStanding::of(run.state, run.attempt.saturating_sub(run.lease_losses), run.max_attempts),
+            // The execution it ended (a retried failure's history row carries the next attempt).
+            attempt: attempts.iter().rev().find(|a| a.error.as_ref() == Some(message)).map(|a| a.attempt),
+        });
+        let blocker = self.with_steps(blocker.into_iter().map(blocker_of).collect()).await?;
         Ok(RunDetail {
             run,
+            error,
             event,
             history,
             attempts,
             steps,
-            blocker: blocker.into_iter().next().map(blocker_of),
-            children: children
-                .into_iter()
-                .map(|(id, function_id, s)| ChildRun { id, function_id, state: RunState::parse(&s) })
-                .collect(),
+            blocker: blocker.into_iter().next(),
+            children: children.into_iter().map(|(id, function_id, s)| ChildRun { id, function_id, state: s }).collect(),
         })
     }
 
@@ -1012,12 +1243,12 @@ impl Inspector {
             }
         }
         let run = store::load_run(&self.pool, id).await.map_err(from_sqlx)?.ok_or(Error::UnknownRun(id))?;
-        Ok(Why::Running { attempt: run.attempt, worker_id: None })
+        Ok(Why::Running { attempt: count(run.attempt), worker_id: None })
     }
 
     async fn why_once(&self, id: Uuid) -> Result<Option<Why>, Error> {
         let run = store::load_run(&self.pool, id).await.map_err(from_sqlx)?.ok_or(Error::UnknownRun(id))?;
-        let state = RunState::parse(&run.state);
+        let state = run.state;
         if state.is_finished() {
             let reason = match state {
                 RunState::Completed => None,
@@ -1026,13 +1257,19 @@ impl Inspector {
             };
             return Ok(Some(Why::Finished { state, reason }));
         }
+        if state == RunState::Diverged {
+            let divergence = store::load_divergence(&self.pool, id).await.map_err(from_sqlx)?;
+            let divergence = divergence.and_then(|v| serde_json::from_value(v).ok());
+            return Ok(Some(Why::Diverged { divergence, reason: run.last_error }));
+        }
         if state == RunState::Running {
             let history = sql::load_history(&self.pool, id).await.map_err(from_sqlx)?;
-            let worker_id = history.iter().rev().find(|h| h.state == "running").and_then(|h| h.worker_id);
-            return Ok(Some(Why::Running { attempt: run.attempt, worker_id }));
+            let worker_id = history.iter().rev().find(|h| h.state == RunState::Running).and_then(|h| h.worker_id);
+            return Ok(Some(Why::Running { attempt: count(run.attempt), worker_id }));
         }
         let rows = sql::blockers(&self.pool, Some(id), None, 1).await.map_err(from_sqlx)?;
-        Ok(rows.into_iter().next().map(|b| Why::Blocked(blocker_of(b))))
+        let held = self.with_steps(rows.into_iter().map(blocker_of).collect()).await?;
+        Ok(held.into_iter().next().map(Why::Blocked))
     }
 
     /// What holds the runs that are not running (of one function, or all), the
@@ -1046,7 +1283,7 @@ impl Inspector {
     pub async fn blockers(&self, function: Option<&str>, limit: u32) -> Result<Vec<Blocker>, Error> {
         let limit = i64::from(limit.clamp(1, MAX_PAGE));
         let rows = sql::blockers(&self.pool, None, function, limit).await.map_err(from_sqlx)?;
-        Ok(rows.into_iter().map(blocker_of).collect())
+        self.with_steps(rows.into_iter().map(blocker_of).collect()).await
     }
 
     /// Runs per function and state.
@@ -1060,8 +1297,64 @@ impl Inspector {
         let rows = sql::counts(&self.pool).await.map_err(from_sqlx)?;
         Ok(rows
             .into_iter()
-            .map(|(function_id, state, count)| StateCount { function_id, state: RunState::parse(&state), count })
+            .map(|(function_id, state, count)| StateCount { function_id, state, count, estimated: false })
             .collect())
+    }
+
+    /// Runs per function and state, cheaply: exact for the unfinished states
+    /// (queued, running, sleeping, waiting; found through an index), estimated
+    /// for the finished ones from the statistics ANALYZE keeps (a
+    /// multivariate MCV list on function and state, times the table's row
+    /// estimate; [`StateCount::estimated`] is true). Below
+    /// [`EXACT_COUNT_BELOW`] rows everything is counted exactly. Its cost does
+    /// not grow with the number of finished runs (EXPLAIN figures in
+    /// docs/performance.md), so a page that reloads every few seconds can call it.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// for c in engine.inspect().counts_estimated().await? {
+    ///     println!("{} {} {}{}", c.function_id, c.state.as_str(), if c.estimated { "≈" } else { "" }, c.count);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn counts_estimated(&self) -> Result<Vec<StateCount>, Error> {
+        let rows = sql::runs_row_estimate(&self.pool).await.map_err(from_sqlx)?;
+        if rows < EXACT_COUNT_BELOW {
+            return self.counts().await;
+        }
+        let (exact, estimates) = tokio::try_join!(sql::unfinished_counts(&self.pool), sql::count_estimates(&self.pool))
+            .map_err(from_sqlx)?;
+        if estimates.is_empty() {
+            // Statistics not gathered yet (no ANALYZE since the migration).
+            return self.counts().await;
+        }
+        let mut out: Vec<StateCount> = exact
+            .into_iter()
+            .map(|(function_id, state, count)| StateCount { function_id, state, count, estimated: false })
+            .collect();
+        out.extend(
+            estimates.into_iter().filter(|(_, s, _)| s.is_finished()).map(|(function_id, state, count)| StateCount {
+                function_id,
+                state,
+                count,
+                estimated: true,
+            }),
+        );
+        out.sort_by(|a, b| (a.function_id.as_str(), a.state.as_str()).cmp(&(b.function_id.as_str(), b.state.as_str())));
+        Ok(out)
+    }
+
+    /// How many finished runs [`Engine::prune`] with `older_than` would delete
+    /// now (a dry run: nothing is deleted).
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let n = engine.inspect().prunable(std::time::Duration::from_secs(30 * 86_400)).await?;
+    /// # let _ = n; Ok(()) }
+    /// ```
+    pub async fn prunable(&self, older_than: Duration) -> Result<u64, Error> {
+        let n = store::prunable(&self.pool, older_than).await.map_err(from_sqlx)?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     /// Runs created, completed and failed per minute over the last `window`
@@ -1114,18 +1407,60 @@ impl Inspector {
                 rules: serde_json::from_value(f.rules).unwrap_or_default(),
                 id: f.id,
                 triggers: f.triggers,
-                max_attempts: f.max_attempts,
+                max_attempts: count(f.max_attempts),
                 cron: f.cron.zip(f.tz).map(|(expr, tz)| CronInfo { expr, tz, next_fire_at: f.next_fire_at }),
                 updated_at: f.updated_at,
             })
             .collect())
     }
 
-    fn open(&self, aad: &str, value: Value) -> Value {
-        match self.keyring.as_deref() {
-            Some(k) => k.open(aad, value.clone()).unwrap_or(value),
-            None => value,
+    /// Names the step each held run is in: the wait's or the invoke's step
+    /// key, or the sleep whose wake time is the run's (else its latest sleep).
+    async fn with_steps(&self, mut held: Vec<Blocker>) -> Result<Vec<Blocker>, Error> {
+        let of =
+            |kind: BlockerKind| -> Vec<Uuid> { held.iter().filter(|b| b.kind == kind).map(|b| b.run_id).collect() };
+        let (waiting, sleeping) = (of(BlockerKind::WaitForEvent), of(BlockerKind::Sleep));
+        let children: Vec<Uuid> = held
+            .iter()
+            .filter(|b| b.kind == BlockerKind::Invoke)
+            .filter_map(|b| b.detail.as_deref().and_then(|d| Uuid::parse_str(d).ok()))
+            .collect();
+        if waiting.is_empty() && sleeping.is_empty() && children.is_empty() {
+            return Ok(held);
         }
+        let rows = sql::held_steps(&self.pool, &waiting, &children, &sleeping).await.map_err(from_sqlx)?;
+        for b in &mut held {
+            let mine = rows.iter().filter(|r| r.run_id == b.run_id);
+            b.step = match b.kind {
+                BlockerKind::WaitForEvent => mine
+                    .filter(|r| r.source == "wait")
+                    .find(|r| r.event_name.is_some() && r.event_name == b.detail)
+                    .map(|r| r.step_key.clone()),
+                BlockerKind::Invoke => mine.filter(|r| r.source == "invoke").map(|r| r.step_key.clone()).next(),
+                BlockerKind::Sleep => {
+                    let sleeps: Vec<(DateTime<Utc>, &str)> = mine
+                        .filter(|r| r.source == "sleep")
+                        .filter_map(|r| {
+                            let places =
+                                [Kind::Step, Kind::Wait, Kind::Child].map(|k| Place::step(k, b.run_id, &r.step_key));
+                            let opened = self.open(&places, r.output.clone()?);
+                            Some((wake_time(&opened)?, r.step_key.as_str()))
+                        })
+                        .collect();
+                    let exact = sleeps.iter().find(|(w, _)| Some(*w) == b.next_possible_start);
+                    exact.or_else(|| sleeps.iter().max_by_key(|(w, _)| *w)).map(|(_, k)| (*k).to_owned())
+                }
+                _ => None,
+            };
+        }
+        Ok(held)
+    }
+
+    /// Opens a stored value for display at the first of `places` where it
+    /// opens; a value that opens nowhere is shown as stored.
+    fn open(&self, places: &[Place], value: Value) -> Value {
+        let keyring = self.keyring.as_deref();
+        places.iter().find_map(|p| codec::open_value(keyring, p, value.clone()).ok()).unwrap_or(value)
     }
 
     /// The step timeline: stored steps, then steps that failed and never stored.
@@ -1136,17 +1471,25 @@ impl Inspector {
         let mut out: Vec<StepRecord> = steps
             .into_iter()
             .map(|s| {
-                let failed = failures(history, &s.step_key).count() as i32;
+                let failed = u32::try_from(failures(history, &s.step_key).count()).unwrap_or(u32::MAX);
                 let finished_at = s.finished_at.or(Some(s.stored_at));
                 let duration = s.started_at.zip(s.finished_at).and_then(|(a, b)| (b - a).to_std().ok());
+                // A step key holds a step result, a wait result or a child outcome.
+                let output = self.open(
+                    &[Kind::Step, Kind::Wait, Kind::Child].map(|k| Place::step(k, run_id, &s.step_key)),
+                    s.output,
+                );
+                let wake_at = wake_time(&output);
                 StepRecord {
-                    attempts: failed + 1,
-                    attempt: s.attempt,
+                    slept: wake_at.zip(finished_at).map(|(w, f)| (w - f).to_std().unwrap_or_default()),
+                    wake_at,
+                    attempts: failed.saturating_add(1),
+                    attempt: s.attempt.map(count),
                     status: StepStatus::Completed,
                     started_at: s.started_at,
                     finished_at,
                     duration,
-                    output: Some(self.open(&codec::step_aad(run_id, &s.step_key), s.output)),
+                    output: Some(output),
                     error: None,
                     name: s.step_key,
                 }
@@ -1162,13 +1505,15 @@ impl Inspector {
             out.push(StepRecord {
                 name: step.clone(),
                 status: StepStatus::Failed,
-                attempts: all.len() as i32,
+                attempts: u32::try_from(all.len()).unwrap_or(u32::MAX),
                 attempt: Some(last.attempt),
                 started_at: None,
                 finished_at: Some(last.at),
                 duration: None,
                 output: None,
                 error: last.error.clone(),
+                wake_at: None,
+                slept: None,
             });
         }
         out
@@ -1190,15 +1535,47 @@ fn blocker_of(b: sql::BlockerRow) -> Blocker {
     Blocker {
         run_id: b.run_id,
         function_id: b.function_id,
-        state: RunState::parse(&b.state),
+        state: b.state,
         kind: BlockerKind::parse(&b.blocker),
         rule: b.rule,
         key: b.key,
-        in_use: b.in_use,
-        limit: b.limit,
+        in_use: b.in_use.map(count),
+        limit: b.limit.map(count),
         next_possible_start: b.next_possible_start,
         detail: b.detail,
+        step: None,
     }
+}
+
+/// The history rows as entries: replays marked, and the cancel reason on the
+/// entry that cancelled the run as it now stands.
+fn history_of(run: &Run, rows: Vec<sql::HistoryRow>) -> Vec<HistoryEntry> {
+    let mut out: Vec<HistoryEntry> = Vec::with_capacity(rows.len());
+    for h in rows {
+        let state = h.state;
+        let replayed = state == RunState::Queued && out.last().is_some_and(|p| p.state.is_finished());
+        out.push(HistoryEntry {
+            at: h.at,
+            state,
+            attempt: count(h.attempt),
+            worker_id: h.worker_id,
+            error: h.error,
+            step: h.step,
+            replayed,
+            cancel_reason: None,
+        });
+    }
+    if matches!(run.state, RunState::Cancelled | RunState::Skipped)
+        && let Some(last) = out.iter_mut().rev().find(|h| h.state == run.state)
+    {
+        last.cancel_reason = run.cancel_reason.clone();
+    }
+    out
+}
+
+/// A count stored as `integer` (never negative), as the `u32` the API uses.
+pub(crate) fn count(n: i32) -> u32 {
+    u32::try_from(n).unwrap_or(0)
 }
 
 /// Executions from the history: each claim (`running`) to the next entry.
@@ -1271,12 +1648,12 @@ pub struct PruneReport {
     pub events: u64,
     /// Idle flow-control key rows deleted.
     pub flow_keys: u64,
+    /// Topic rows deleted (`durastep.topics`: one per event name sent or
+    /// awaited; deleted when no wait uses it, made again on the next use).
+    pub topics: u64,
     /// Transactions it took.
     pub batches: u64,
 }
-
-/// Rows per pruning transaction: small, so no lock is held for long.
-pub(crate) const PRUNE_BATCH: i64 = 500;
 
 impl Engine {
     /// The inspection API: reads runs, events, functions and blockers.
@@ -1310,16 +1687,20 @@ impl Engine {
     /// # Ok(()) }
     /// ```
     pub async fn replay(&self, run_id: Uuid, from: ReplayFrom) -> Result<Run, Error> {
-        let outcome = sql::replay(self.pool(), &[run_id], from == ReplayFrom::Start)
+        crate::failpoint!(
+            "replay-before-commit",
+            Err(Error::Database(sqlx::Error::Protocol("failpoint replay-before-commit".into())))
+        );
+        let outcome = store::replay(self.pool(), &[run_id], from == ReplayFrom::Start)
             .await
             .map_err(|e| replay_error(e, run_id))?;
         match outcome.into_iter().next().and_then(|(_, o)| o) {
             None => Err(Error::UnknownRun(run_id)),
-            Some(sql::ReplayOutcome::NotReplayable(state)) => Err(Error::NotReplayable {
+            Some(store::ReplayOutcome::NotReplayable(state)) => Err(Error::NotReplayable {
                 run_id,
                 reason: format!("it is {state}; only failed or cancelled runs can be replayed"),
             }),
-            Some(sql::ReplayOutcome::Replayed) => self.run(run_id).await,
+            Some(store::ReplayOutcome::Replayed) => self.run(run_id).await,
         }
     }
 
@@ -1338,6 +1719,10 @@ impl Engine {
     /// # Ok(()) }
     /// ```
     pub async fn replay_many(&self, filter: &RunFilter, from: ReplayFrom) -> Result<Vec<Uuid>, Error> {
+        crate::failpoint!(
+            "replay-before-commit",
+            Err(Error::Database(sqlx::Error::Protocol("failpoint replay-before-commit".into())))
+        );
         let path = filter.path()?;
         let mut states: Vec<&str> = filter
             .states
@@ -1359,7 +1744,7 @@ impl Engine {
             idempotency_key: filter.idempotency_key.as_deref(),
             data: path.as_deref().zip(filter.data.as_ref().map(|d| &d.1)),
             before: None,
-            limit: PRUNE_BATCH,
+            limit: store::PRUNE_BATCH,
         };
         let mut replayed = Vec::new();
         loop {
@@ -1368,11 +1753,15 @@ impl Engine {
                 return Ok(replayed);
             }
             let first = ids[0];
-            let outcome =
-                sql::replay(self.pool(), &ids, from == ReplayFrom::Start).await.map_err(|e| replay_error(e, first))?;
+            let outcome = store::replay(self.pool(), &ids, from == ReplayFrom::Start)
+                .await
+                .map_err(|e| replay_error(e, first))?;
             let before = replayed.len();
             replayed.extend(
-                outcome.into_iter().filter(|(_, o)| matches!(o, Some(sql::ReplayOutcome::Replayed))).map(|(id, _)| id),
+                outcome
+                    .into_iter()
+                    .filter(|(_, o)| matches!(o, Some(store::ReplayOutcome::Replayed)))
+                    .map(|(id, _)| id),
             );
             // Runs that changed state meanwhile no longer match; none replayed: done.
             if replayed.len() == before {
@@ -1396,24 +1785,9 @@ impl Engine {
     /// # let _ = report; Ok(()) }
     /// ```
     pub async fn prune(&self, older_than: Duration) -> Result<PruneReport, Error> {
-        prune_all(self.pool(), older_than, u64::MAX).await
+        let t = store::prune_all(self.pool(), older_than, u64::MAX).await.map_err(from_sqlx)?;
+        Ok(PruneReport { runs: t.runs, events: t.events, flow_keys: t.flow_keys, topics: t.topics, batches: t.batches })
     }
-}
-
-/// Prunes in batches until one finds nothing or `max_batches` ran.
-pub(crate) async fn prune_all(pool: &PgPool, older_than: Duration, max_batches: u64) -> Result<PruneReport, Error> {
-    let mut report = PruneReport::default();
-    while report.batches < max_batches {
-        let p = sql::prune_batch(pool, older_than, PRUNE_BATCH).await.map_err(from_sqlx)?;
-        report.batches += 1;
-        report.runs += p.runs;
-        report.events += p.events;
-        report.flow_keys += p.flow_keys;
-        if p.runs == 0 && p.events == 0 && p.flow_keys < PRUNE_BATCH as u64 {
-            break;
-        }
-    }
-    Ok(report)
 }
 
 fn replay_error(e: sqlx::Error, run_id: Uuid) -> Error {

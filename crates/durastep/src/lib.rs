@@ -7,10 +7,9 @@
 //! number of processes, share the work through Postgres alone.
 //!
 //! ```no_run
-//! use durastep::{Ctx, Engine, Event, Function, HandlerError};
+//! use durastep::{sqlx, CancellationToken, Ctx, Engine, Event, Function, HandlerError};
 //! use serde::{Deserialize, Serialize};
 //! use std::time::Duration;
-//! use tokio_util::sync::CancellationToken;
 //!
 //! #[derive(Serialize, Deserialize)]
 //! struct BudgetRequested { ad_account_id: String, campaign_id: String, daily_cents: u64 }
@@ -22,16 +21,16 @@
 //!         .on_event("campaign/budget.requested")
 //!         .retries(5)
 //!         .handler(|ctx: Ctx, req: BudgetRequested| async move {
-//!             let key = format!("{}:push", ctx.idempotency_key());
 //!             // Runs once per run; a retry after a crash returns the stored result.
-//!             let external_ref: String = ctx.step("push", || push_budget(&key, &req)).await?;
+//!             // `key` is this step's idempotency key for the external API.
+//!             let external_ref: String = ctx.step_with_key("push", |key| async move { push_budget(&key, &req).await }).await?;
 //!             ctx.sleep("settle", Duration::from_secs(60)).await?; // no worker held
 //!             // Commits together with its checkpoint: exactly once.
-//!             ctx.step_tx("log", |conn| Box::pin(async move {
+//!             ctx.step_tx("log", async move |conn| {
 //!                 sqlx::query("INSERT INTO budget_log (external_ref) VALUES ($1)")
 //!                     .bind(&external_ref).execute(&mut *conn).await?;
 //!                 Ok(())
-//!             })).await?;
+//!             }).await?;
 //!             Ok(())
 //!         });
 //!
@@ -54,7 +53,8 @@
 //!   send a no-op; [`Engine::send_in`] sends inside your own transaction.
 //! - **Steps.** [`Ctx::step`] runs a closure once per run and stores its
 //!   output; [`Ctx::step_tx`] commits its database writes with its checkpoint.
-//!   Use [`Ctx::idempotency_key`] for the external APIs a step calls.
+//!   [`Ctx::step_with_key`] hands a step its own idempotency key for the
+//!   external API it calls.
 //!   A step that fails ends the attempt; its error is not returned to the handler.
 //! - **Failures.** A step or handler returns [`HandlerError`] (or panics); the
 //!   attempt ends and the run is retried with the function's [`Backoff`] (or
@@ -66,29 +66,37 @@
 //! - **Schedules.** [`FunctionBuilder::on_cron`] runs a function on a cron
 //!   [`Schedule`] in a time zone, one run per fire time (input [`CronTick`]),
 //!   with a [`CatchUp`] policy; [`Event::start_at`] delays an event's runs.
-//! - **Waiting and signalling.** [`Ctx::wait_for_event`] suspends until a
-//!   matching event ([`EventMatch`]) or a timeout; [`Ctx::send_event`] sends
-//!   from a run, once; [`Ctx::invoke`] runs another function as a child and
-//!   returns its output or a [`ChildError`].
+//! - **Waiting and signalling.** [`Ctx::wait_for_event`] suspends until the
+//!   event a [`WaitFor`] describes ([`EventMatch`]) or its timeout;
+//!   [`Ctx::send_event`] sends from a run, once; [`Ctx::invoke`] runs another
+//!   function as a child ([`Invoke`]) and returns its output or a [`ChildError`].
 //! - **Cancellation and timeouts.** [`Engine::cancel`] and
-//!   [`FunctionBuilder::cancel_on`] cancel runs (a running one at its next step
+//!   [`FunctionBuilder::cancel_on`] ([`CancelOn`]) cancel runs (a running one at its next step
 //!   boundary); [`FunctionBuilder::start_timeout`] and
 //!   [`FunctionBuilder::finish_timeout`] cancel runs that start or finish too late.
 //! - **Workers.** [`Engine::run_worker`] claims due runs with `FOR UPDATE SKIP
 //!   LOCKED`, holds each under a lease with a fencing epoch, and group-commits
 //!   checkpoints; cancelling its token shuts it down gracefully.
-//! - **Flow control.** [`FunctionBuilder::concurrency`] (per key, or shared by
-//!   name with [`FunctionBuilder::concurrency_shared`]), [`FunctionBuilder::throttle`]
-//!   (runs wait), [`FunctionBuilder::rate_limit`] (runs are skipped),
-//!   [`FunctionBuilder::backpressure`] (a [`HandlerError::retry_after`] pauses the
-//!   key), [`Event::priority`] and [`FunctionBuilder::priority_from`],
-//!   [`FunctionBuilder::debounce`] and [`FunctionBuilder::singleton`]. Keys are
+//! - **Flow control.** Rules are named values: [`Concurrency`] (per key, or
+//!   shared by name), [`Throttle`] (runs wait), [`RateLimit`] (runs are
+//!   skipped), [`Backpressure`] (a [`HandlerError::retry_after`] pauses the
+//!   key), [`Debounce`] and [`Singleton`], given to the [`FunctionBuilder`]
+//!   methods of the same names; also [`Event::priority`] and
+//!   [`FunctionBuilder::priority_from`]. Keys (`.key("/account_id")`) are
 //!   JSON pointers into the event data; limits are enforced in the claim, so they
-//!   hold across every worker. A parked run says why in [`Run::flow_wait`].
+//!   hold across every worker. What holds a run (a flow rule, a sleep, a
+//!   wait, a backoff) has one answer: [`inspect::Inspector::why`].
 //! - **Encryption.** [`EngineBuilder::encryption`] with a [`Keyring`] seals step
 //!   results and run outputs at rest.
-//! - **Testing.** [`testing::advance_clock`] moves the database clock, so tests
-//!   of sleeps and backoff need not wait.
+//! - **Safe deploys.** Each run records what its handler asked for, in order;
+//!   a replay that asks for something else stops with a [`Divergence`] and the
+//!   run is parked [`RunState::Diverged`]. [`Ctx::changed`] branches new code
+//!   from old runs; [`Engine::check_deploy`] replays every run in flight
+//!   against a new build, writing nothing, before you deploy it.
+//! - **Testing.** With the `testing` feature, `testing::advance_clock` moves
+//!   the database clock (tests of sleeps and backoff need not wait), and
+//!   `testing::TestEngine` runs functions on a fresh database, crashes them at
+//!   every checkpoint and injects step failures.
 //!
 //! The repository's `docs/guide.md` walks through all of this; `docs/guarantees.md`
 //! says exactly what is promised, and `docs/architecture.md` how it works.
@@ -96,8 +104,10 @@
 //! ## Foreign types in the API
 //!
 //! [`sqlx::PgPool`] and [`sqlx::PgConnection`] appear because Durastep runs on
-//! your Postgres and `send_in`/`step_tx` join your transactions;
-//! [`tokio_util::sync::CancellationToken`] is how a worker is told to shut down.
+//! your Postgres and `send_in`/`step_tx` join your transactions (the crate
+//! re-exports [`sqlx`], so your queries use the same version);
+//! [`CancellationToken`] (re-exported from `tokio-util`) is how a worker is
+//! told to shut down.
 //! The crate installs no tracing subscriber: its spans carry the run id,
 //! function, attempt and step, and your application decides where they go.
 //! Nor does it install a metrics recorder: the worker records through the
@@ -125,9 +135,26 @@ macro_rules! failpoint {
 
 pub(crate) use failpoint;
 
+/// `failpoint_fires!("name")`: evaluates the failpoint (exit, panic, pause and
+/// block act at once) and is `true` when its action is `error`; always
+/// `false` without the `failpoints` feature. For call sites that must do more
+/// than `return` on the error action (an acknowledgement lost after a commit).
+macro_rules! failpoint_fires {
+    ($name:literal) => {{
+        #[cfg(feature = "failpoints")]
+        let fires = $crate::failpoints::eval($name).await;
+        #[cfg(not(feature = "failpoints"))]
+        let fires = false;
+        fires
+    }};
+}
+
+pub(crate) use failpoint_fires;
+
 mod checkpoint;
 mod codec;
 mod ctx;
+mod deploy;
 mod engine;
 mod error;
 mod event;
@@ -137,22 +164,35 @@ mod failure;
 pub mod flow;
 mod function;
 pub mod inspect;
+mod journal;
 pub mod limits;
 pub mod metrics;
 mod schedule;
 mod store;
+#[cfg(feature = "testing")]
 pub mod testing;
 mod worker;
 
 pub use codec::{CodecError, Keyring};
-pub use ctx::{ChildError, Ctx, EventMatch, TxFuture};
-pub use engine::{Engine, EngineBuilder, Run, RunState, migrate};
+pub use ctx::{ChildError, Ctx, EventMatch, Invoke, StepOptions, TxBody, TxFuture, WaitFor};
+pub use deploy::{DeployReport, DivergenceGroup, ReplayProblem, UnhandledVersion};
+pub use engine::{AppliedMigration, Engine, EngineBuilder, Run, RunState, migrate};
 pub use error::Error;
 pub use event::{Event, SendReceipt};
 pub use failure::{HandlerError, HandlerResult};
-pub use flow::{BACKPRESSURE_FREE_RETRIES, FlowWait, SingletonMode};
-pub use function::{Backoff, FailedRun, Function, FunctionBuilder};
+pub use flow::{
+    BACKPRESSURE_FREE_RETRIES, Backpressure, Concurrency, DEFAULT_PRIORITY_RANGE, Debounce, RateLimit, Singleton,
+    SingletonMode, Throttle,
+};
+pub use function::{Backoff, CancelOn, DEFAULT_LEASE_LOSSES, FailedRun, Function, FunctionBuilder};
 pub use inspect::{ReplayFrom, RunFilter};
+pub use journal::{Divergence, EntryKind, JournalEntry, UnknownEntryKind};
 pub use limits::{LimitError, Limits};
 pub use schedule::{CatchUp, CronTick, Schedule, ScheduleError};
 pub use worker::WorkerOptions;
+
+/// The sqlx version Durastep is built on: use it for [`Engine::send_in`],
+/// [`Ctx::step_tx`] and your own queries, so the types match.
+pub use sqlx;
+/// How a worker is told to shut down ([`Engine::run_worker`]).
+pub use tokio_util::sync::CancellationToken;

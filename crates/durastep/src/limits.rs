@@ -4,6 +4,9 @@
 //! id, event name, step name, idempotency key) passes through here first, so a
 //! bad value is refused with a typed error and nothing is written.
 
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 /// Bounds on what Durastep accepts; see [`crate::EngineBuilder::limits`].
@@ -23,7 +26,47 @@ pub struct Limits {
     /// Longest idempotency key, event name, function id or step name, in bytes
     /// (default 512). Values above [`MAX_SUPPORTED_KEY_BYTES`] act as that ceiling.
     pub max_key_bytes: usize,
+    /// Most bytes of step results one run may store in total (default 64 MiB),
+    /// as stored (sealed, when encryption is on). A worker loads all of a run's
+    /// step results as one `jsonb` value at each claim, and Postgres holds at
+    /// most 255 MiB in one; values above [`MAX_SUPPORTED_RUN_BYTES`] act as that
+    /// ceiling. A step whose output would pass it fails the run permanently
+    /// with [`LimitError::RunTooLarge`]. Records the database writes for the
+    /// run later (a wait's event, a child's outcome, each at most
+    /// `max_payload_bytes`) count too: a wait or invoke asked for when the run
+    /// is already at the limit fails it the same way, so a run passes its limit
+    /// by at most one such record.
+    pub max_run_bytes: usize,
+    /// Most steps (step results, sleeps, waits, child runs, sent events) one run
+    /// may record (default 10,000); the next one fails the run permanently with
+    /// [`LimitError::TooManySteps`].
+    pub max_steps_per_run: usize,
+    /// Most events in one [`crate::Engine::send_batch`] (default 10,000); more is
+    /// [`LimitError::BatchTooLarge`] and nothing is sent.
+    pub max_batch_events: usize,
+    /// Most payload bytes in one [`crate::Engine::send_batch`], all events
+    /// together (default 16 MiB; values above [`MAX_SUPPORTED_BATCH_BYTES`] act
+    /// as that ceiling); more is [`LimitError::BatchTooLarge`] and nothing is sent.
+    pub max_batch_bytes: usize,
 }
+
+/// The most bytes of step results a run can store, whatever
+/// [`Limits::max_run_bytes`] says: well below the 255 MiB a `jsonb` value
+/// holds, as the claim reads a run's step results as one value.
+///
+/// ```
+/// assert_eq!(durastep::limits::MAX_SUPPORTED_RUN_BYTES, 128 * 1024 * 1024);
+/// ```
+pub const MAX_SUPPORTED_RUN_BYTES: usize = 128 * 1024 * 1024;
+
+/// The most payload bytes one `send_batch` can carry, whatever
+/// [`Limits::max_batch_bytes`] says: one statement carries the whole batch,
+/// and Postgres refuses a message over 1 GB.
+///
+/// ```
+/// assert_eq!(durastep::limits::MAX_SUPPORTED_BATCH_BYTES, 256 * 1024 * 1024);
+/// ```
+pub const MAX_SUPPORTED_BATCH_BYTES: usize = 256 * 1024 * 1024;
 
 /// The deepest nesting Durastep can store and read back, whatever
 /// [`Limits::max_depth`] says: serde_json reads at most 127 levels, and the
@@ -54,6 +97,68 @@ pub const MAX_SUPPORTED_DEPTH: usize = 120;
 /// ```
 pub const MAX_SUPPORTED_KEY_BYTES: usize = 1024;
 
+/// The longest duration Durastep stores: 100 years (of 365.25 days). Every
+/// duration a user passes (a sleep, a start or finish timeout, a throttle,
+/// rate-limit or debounce period, a lease, a retention) is cut to it; a
+/// [`crate::Ctx::wait_for_event`] or [`crate::Ctx::invoke`] timeout of this
+/// length or more means "no timeout" (stored as Postgres `infinity`).
+/// Longer values once overflowed Postgres' `interval` and `timestamptz`.
+///
+/// ```
+/// assert_eq!(durastep::limits::MAX_DURATION.as_secs(), 3_155_760_000);
+/// ```
+pub const MAX_DURATION: Duration = Duration::from_secs(3_155_760_000);
+
+/// The longest delay before a retry, whether asked for with
+/// [`crate::HandlerError::retry_after`] (and so also the longest back-pressure
+/// pause of a key) or given by a [`crate::Backoff`]: 7 days. A longer delay is
+/// cut to it. A huge `retry_after` once made the failure's write fail
+/// ("timestamp out of range"), and a merely large one paused a shared key for years.
+///
+/// ```
+/// assert_eq!(durastep::limits::MAX_RETRY_DELAY.as_secs(), 7 * 86_400);
+/// ```
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(7 * 86_400);
+
+/// The latest instant Durastep stores: 9999-12-31T23:59:59Z. A later
+/// [`crate::Ctx::sleep_until`] or [`crate::Event::start_at`] (or a sleep that
+/// would end later) is cut to it; a Postgres `infinity` (a wait without
+/// timeout) reads back as it, e.g. in [`crate::Run::run_at`].
+///
+/// ```
+/// assert_eq!(durastep::limits::max_instant().to_rfc3339(), "9999-12-31T23:59:59+00:00");
+/// ```
+pub fn max_instant() -> DateTime<Utc> {
+    DateTime::from_timestamp(253_402_300_799, 0).unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// The earliest instant Durastep stores: 0001-01-01T00:00:00Z; an earlier
+/// [`crate::Event::start_at`] or [`crate::Ctx::sleep_until`] is moved up to it
+/// (it is due at once either way).
+///
+/// ```
+/// assert_eq!(durastep::limits::min_instant().to_rfc3339(), "0001-01-01T00:00:00+00:00");
+/// ```
+pub fn min_instant() -> DateTime<Utc> {
+    DateTime::from_timestamp(-62_135_596_800, 0).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// An instant cut to [`min_instant`] ..= [`max_instant`].
+///
+/// ```
+/// let far = chrono::DateTime::<chrono::Utc>::MAX_UTC;
+/// assert_eq!(durastep::limits::clamp_instant(far), durastep::limits::max_instant());
+/// ```
+pub fn clamp_instant(at: DateTime<Utc>) -> DateTime<Utc> {
+    at.clamp(min_instant(), max_instant())
+}
+
+/// `at + d`, cut to [`max_instant`] (never overflows).
+pub(crate) fn instant_after(at: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    let d = chrono::Duration::from_std(d.min(MAX_DURATION)).unwrap_or(chrono::Duration::MAX);
+    clamp_instant(at.checked_add_signed(d).unwrap_or(DateTime::<Utc>::MAX_UTC))
+}
+
 impl Limits {
     fn depth(&self) -> usize {
         self.max_depth.min(MAX_SUPPORTED_DEPTH)
@@ -62,11 +167,45 @@ impl Limits {
     fn key_bytes(&self) -> usize {
         self.max_key_bytes.min(MAX_SUPPORTED_KEY_BYTES)
     }
+
+    /// The per-run byte limit in force.
+    pub(crate) fn run_bytes(&self) -> usize {
+        self.max_run_bytes.min(MAX_SUPPORTED_RUN_BYTES)
+    }
+
+    /// The per-batch byte limit in force.
+    fn batch_bytes(&self) -> usize {
+        self.max_batch_bytes.min(MAX_SUPPORTED_BATCH_BYTES)
+    }
+}
+
+/// Checks the size of a `send_batch`: the number of events and the bytes of
+/// their (checked) payloads together.
+///
+/// ```
+/// use durastep::{LimitError, Limits};
+/// let limits = Limits { max_batch_events: 2, ..Limits::default() };
+/// assert!(durastep::limits::check_batch(2, 10, &limits).is_ok());
+/// assert_eq!(durastep::limits::check_batch(3, 10, &limits), Err(LimitError::BatchTooLarge { events: 3, bytes: 10 }));
+/// ```
+pub fn check_batch(events: usize, bytes: usize, limits: &Limits) -> Result<(), LimitError> {
+    if events > limits.max_batch_events || bytes > limits.batch_bytes() {
+        return Err(LimitError::BatchTooLarge { events, bytes });
+    }
+    Ok(())
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_payload_bytes: 1024 * 1024, max_depth: 64, max_key_bytes: 512 }
+        Limits {
+            max_payload_bytes: 1024 * 1024,
+            max_depth: 64,
+            max_key_bytes: 512,
+            max_run_bytes: 64 * 1024 * 1024,
+            max_steps_per_run: 10_000,
+            max_batch_events: 10_000,
+            max_batch_bytes: 16 * 1024 * 1024,
+        }
     }
 }
 
@@ -107,6 +246,38 @@ pub enum LimitError {
     /// reason with its line and column, never the input itself.
     #[error("payload is not valid JSON: {0}")]
     InvalidJson(String),
+    /// An event name a user gave begins with [`RESERVED_EVENT_PREFIX`]
+    /// (`durastep/`), which names the engine's own events (cron fire times,
+    /// `on_failure`, child runs): a user may not send, trigger on, cancel on or
+    /// wait for them.
+    #[error("event name {value:?} is reserved: names beginning with \"durastep/\" are the engine's own")]
+    ReservedName {
+        /// The offending name, cut to 80 characters.
+        value: String,
+    },
+    /// A run's stored step results would pass [`Limits::max_run_bytes`].
+    #[error("the run's step results would take {size} bytes, over the limit of {limit} bytes per run")]
+    RunTooLarge {
+        /// Bytes the run would store with this step.
+        size: usize,
+        /// The limit in force.
+        limit: usize,
+    },
+    /// A run would record more steps than [`Limits::max_steps_per_run`].
+    #[error("the run would record more than {limit} steps")]
+    TooManySteps {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// A `send_batch` has more events than [`Limits::max_batch_events`] or more
+    /// payload bytes than [`Limits::max_batch_bytes`].
+    #[error("batch of {events} events with {bytes} payload bytes is over the batch limits")]
+    BatchTooLarge {
+        /// Events in the batch.
+        events: usize,
+        /// Payload bytes, all events together (counted up to the first refusal).
+        bytes: usize,
+    },
     /// A name or key is empty, too long, or holds a character that is not allowed.
     #[error("invalid {what} {value:?}: {reason}")]
     InvalidName {
@@ -237,6 +408,32 @@ pub fn check_name(what: &'static str, value: &str, limits: &Limits) -> Result<()
     Ok(())
 }
 
+/// The prefix of the engine's own event names (`durastep/cron:<id>`,
+/// `durastep/run.failed`, `durastep/invoke:<id>`); see [`check_event_name`].
+///
+/// ```
+/// assert_eq!(durastep::limits::RESERVED_EVENT_PREFIX, "durastep/");
+/// ```
+pub const RESERVED_EVENT_PREFIX: &str = "durastep/";
+
+/// Checks an event name a user gives (to send, trigger on, cancel on or wait
+/// for): a valid name (see [`check_name`]) that does not begin with
+/// [`RESERVED_EVENT_PREFIX`], which is [`LimitError::ReservedName`].
+///
+/// ```
+/// use durastep::{LimitError, limits::check_event_name};
+/// assert!(check_event_name("campaign/paused", &Default::default()).is_ok());
+/// let err = check_event_name("durastep/cron:report", &Default::default()).unwrap_err();
+/// assert!(matches!(err, LimitError::ReservedName { .. }));
+/// ```
+pub fn check_event_name(value: &str, limits: &Limits) -> Result<(), LimitError> {
+    check_name("event name", value, limits)?;
+    if value.starts_with(RESERVED_EVENT_PREFIX) {
+        return Err(LimitError::ReservedName { value: value.chars().take(80).collect() });
+    }
+    Ok(())
+}
+
 /// Checks a step name: a valid name (see [`check_name`]) without `#`, which
 /// numbers repeated calls of one name (`name#2`, `name#3`, ...).
 ///
@@ -283,7 +480,7 @@ mod tests {
     use serde_json::json;
 
     fn check(value: Value, expected: Result<(), LimitError>) {
-        let limits = Limits { max_payload_bytes: 64, max_depth: 3, max_key_bytes: 8 };
+        let limits = Limits { max_payload_bytes: 64, max_depth: 3, max_key_bytes: 8, ..Limits::default() };
         assert_eq!(check_payload(&value, &limits).map(|_| ()), expected, "{value}");
     }
 
@@ -311,7 +508,7 @@ mod tests {
     }
 
     fn parse(text: &str, expected: Result<Value, LimitError>) {
-        let limits = Limits { max_payload_bytes: 64, max_depth: 3, max_key_bytes: 8 };
+        let limits = Limits { max_payload_bytes: 64, max_depth: 3, max_key_bytes: 8, ..Limits::default() };
         assert_eq!(parse_payload(text, &limits), expected, "{text:?}");
     }
 

@@ -33,6 +33,8 @@ pub const RUNS_STARTED: &str = "durastep_runs_started_total";
 pub const RUNS_COMPLETED: &str = "durastep_runs_completed_total";
 /// Counter: runs that ended `failed` (out of attempts, or a permanent error), by `function`.
 pub const RUNS_FAILED: &str = "durastep_runs_failed_total";
+/// Counter: runs parked `diverged` (their replay parted from what they recorded), by `function`.
+pub const RUNS_DIVERGED: &str = "durastep_runs_diverged_total";
 /// Counter: attempts that failed and will be retried, by `function`.
 pub const ATTEMPTS_FAILED: &str = "durastep_attempts_failed_total";
 /// Counter: attempts that suspended their run (a sleep, a wait for an event, an invoke), by `function`.
@@ -71,6 +73,7 @@ pub fn describe() {
     describe_counter!(RUNS_STARTED, "Claims that started executing an attempt (kind: first or retry).");
     describe_counter!(RUNS_COMPLETED, "Runs completed.");
     describe_counter!(RUNS_FAILED, "Runs failed: out of attempts, or a permanent error.");
+    describe_counter!(RUNS_DIVERGED, "Runs parked diverged: their replay parted from what they recorded.");
     describe_counter!(ATTEMPTS_FAILED, "Attempts failed that will be retried.");
     describe_counter!(RUNS_SUSPENDED, "Attempts that suspended their run (sleep, wait, invoke).");
     describe_histogram!(STEP_DURATION, Unit::Seconds, "Executed steps, body and checkpoint (not replays).");

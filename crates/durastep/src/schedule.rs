@@ -1,6 +1,6 @@
 //! Cron schedules: parsing (with `croner`), fire times in a time zone, and the
 //! catch-up policy. Pure logic: the ticking and its SQL live in `worker.rs` and
-//! `store.rs`.
+//! `store/schedules.rs`.
 //!
 //! Daylight saving time follows croner's rules, which this module does not
 //! change: a fixed-time expression (fixed second, minute and hour, such as

@@ -22,9 +22,10 @@ use crate::ctx::{Ctx, CtxParts, Signal};
 use crate::engine::EngineInner;
 use crate::error::{Error, from_sqlx};
 use crate::failure::{HandlerError, HandlerResult};
+use crate::journal::Journal;
 use crate::limits;
 use crate::metrics;
-use crate::store::{self, ClaimedRun, PendingWrite, WriteOutcome};
+use crate::store::{self, ClaimedRun, Fence, PendingWrite, WriteOutcome};
 
 /// How a worker runs; see [`crate::EngineBuilder::worker_options`].
 ///
@@ -36,7 +37,9 @@ use crate::store::{self, ClaimedRun, PendingWrite, WriteOutcome};
 #[derive(Debug, Clone)]
 // Not #[non_exhaustive]: build it with `..Default::default()`, so new fields stay compatible.
 pub struct WorkerOptions {
-    /// Attempts executing at once in this worker (default 64).
+    /// Attempts whose handler runs at once in this worker (default 64). An
+    /// attempt whose handler has returned gives its slot to the next claim
+    /// while its end (completion, failure, retry) is still being written.
     pub max_in_flight: usize,
     /// Runs claimed per round trip at most (default 32).
     pub claim_batch: usize,
@@ -84,9 +87,29 @@ impl Default for WorkerOptions {
     }
 }
 
+impl WorkerOptions {
+    /// Every duration cut to [`limits::MAX_DURATION`], so none can overflow an
+    /// interval, a timestamp or an `Instant`.
+    pub(crate) fn clamped(mut self) -> Self {
+        let max = limits::MAX_DURATION;
+        for d in [
+            &mut self.poll_interval,
+            &mut self.lease,
+            &mut self.heartbeat_interval,
+            &mut self.reap_interval,
+            &mut self.shutdown_grace,
+            &mut self.prune_interval,
+        ] {
+            *d = (*d).min(max);
+        }
+        self.retention = self.retention.map(|r| r.min(max));
+        self
+    }
+}
+
 /// One attempt executing in this worker.
 struct Held {
-    epoch: i64,
+    fence: Fence,
     lost: CancellationToken,
     last_extended: Instant,
     function_id: String,
@@ -102,10 +125,14 @@ fn lock(held: &HeldRuns) -> std::sync::MutexGuard<'_, HashMap<Uuid, Held>> {
 pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -> Result<(), Error> {
     let opts = engine.worker.clone();
     let worker_id = Uuid::new_v4();
-    let functions: Vec<String> = engine.functions.keys().cloned().collect();
+    let functions = Arc::new(engine.handled());
+    let classes = Arc::new(ClaimClasses::of(&engine));
+    let mut fast_first = false;
     let span = tracing::info_span!("worker", %worker_id);
     async move {
-        tracing::info!(functions = ?functions, "worker started");
+        let versions: Vec<String> =
+            functions.version_ids.iter().zip(&functions.versions).map(|(f, v)| format!("{f}@{v}")).collect();
+        tracing::info!(functions = ?versions, "worker started");
         let held: HeldRuns = Arc::default();
         let wake = Arc::new(Notify::new());
         let slot_freed = Arc::new(Notify::new());
@@ -132,7 +159,12 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             }),
         ];
         if opts.listen {
-            background.push(tokio::spawn(listen_loop(engine.clone(), wake.clone(), stop_background.clone())));
+            background.push(tokio::spawn(listen_loop(
+                engine.clone(),
+                wake.clone(),
+                held.clone(),
+                stop_background.clone(),
+            )));
         }
         background.push(tokio::spawn(cron_loop(engine.clone(), stop_background.clone())));
         if let Some(retention) = opts.retention {
@@ -169,7 +201,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             let want = free.min(opts.claim_batch.max(1));
             // The lease starts when the database runs the claim: count from before we send it.
             let claim_sent = Instant::now();
-            let claimed = claim_round(&engine, &functions, want, worker_id).await;
+            fast_first = !fast_first;
+            let claimed = claim_round(&engine, &classes, fast_first, want, worker_id).await;
             let (claimed, moved) = match claimed {
                 Ok(runs) => {
                     failures = 0;
@@ -189,12 +222,12 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             for run in claimed {
                 let Ok(permit) = slots.clone().try_acquire_owned() else {
                     // Cannot happen (we claimed at most `free`), but never run unbounded.
-                    let _ = store::release_run(&engine.pool, run.id, run.lease_epoch).await;
+                    let _ = store::release_run(&engine.pool, run.fence()).await;
                     continue;
                 };
                 let lost = CancellationToken::new();
                 let h = Held {
-                    epoch: run.lease_epoch,
+                    fence: run.fence(),
                     lost: lost.clone(),
                     last_extended: claim_sent,
                     function_id: run.function_id.clone(),
@@ -205,8 +238,9 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 executors.spawn(async move {
                     // Dropped when the attempt ends, also if `execute` panics: the
                     // run is no longer held (its lease then expires) and the slot is free.
-                    let _done = Done { held, run_id: run.id, epoch: run.lease_epoch, slot_freed, permit: Some(permit) };
-                    execute(&engine, run, writer, lost).await;
+                    let _done = Done { held, fence: run.fence() };
+                    let slot = Slot { permit: Some(permit), freed: slot_freed };
+                    execute(&engine, run, writer, lost, slot).await;
                 });
             }
             // Flow control parked, skipped or woke runs: more may be claimable now.
@@ -233,17 +267,19 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         let drained =
             tokio::time::timeout(opts.shutdown_grace, async { while executors.join_next().await.is_some() {} }).await;
         if drained.is_err() {
-            let still: Vec<(Uuid, i64)> = {
-                let held = lock(&held);
-                held.iter().map(|(id, h)| (*id, h.epoch)).collect()
-            };
+            let still: Vec<Fence> = lock(&held).values().map(|h| h.fence).collect();
             for (id, h) in lock(&held).iter() {
                 tracing::info!(run_id = %id, "releasing run at shutdown");
                 h.lost.cancel();
             }
             executors.shutdown().await;
-            for (id, epoch) in still {
-                if let Err(e) = store::release_run(&engine.pool, id, epoch).await {
+            for fence in still {
+                let id = fence.run_id();
+                if crate::failpoint_fires!("release-before-commit") {
+                    tracing::warn!(run_id = %id, "failpoint release-before-commit: not released; its lease will expire");
+                    continue;
+                }
+                if let Err(e) = store::release_run(&engine.pool, fence).await {
                     tracing::warn!(run_id = %id, error = %e, "could not release run; its lease will expire");
                 }
             }
@@ -262,24 +298,67 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
     .await
 }
 
+/// The worker's functions by how their runs are claimed: by the fast claim
+/// (no claim-time flow rule, no timeout) or by the full claim.
+struct ClaimClasses {
+    fast: store::Handled,
+    full: store::Handled,
+}
+
+impl ClaimClasses {
+    fn of(engine: &EngineInner) -> ClaimClasses {
+        let (fast, full) = engine.handled_by_claim();
+        ClaimClasses { fast, full }
+    }
+}
+
 /// One claim round, in a task of its own so that a panic in it (a bug, or the
 /// `panic` failpoint action) fails this round only: the claim loop logs it and
 /// retries, as after a failed claim statement.
+///
+/// Up to `want` runs: the fast claim for the functions without claim-time flow
+/// rules, the full claim for the others, the second only for what the first
+/// left of `want`. Priority orders runs within each class; the claim loop
+/// alternates `fast_first` per round, so that a stream of runs in one class
+/// cannot starve the other.
 async fn claim_round(
     engine: &Arc<EngineInner>,
-    functions: &[String],
+    classes: &Arc<ClaimClasses>,
+    fast_first: bool,
     want: usize,
     worker_id: Uuid,
 ) -> Result<(Vec<ClaimedRun>, i64), String> {
-    let (engine, functions) = (engine.clone(), functions.to_vec());
+    let (engine, classes) = (engine.clone(), classes.clone());
     let round = tokio::spawn(async move {
         crate::failpoint!("claim-before-commit", Err("failpoint claim-before-commit".to_owned()));
         let lease = engine.worker.lease;
-        let sent = Instant::now();
-        let (runs, moved) = store::claim_runnable(&engine.pool, &functions, want as i64, lease, worker_id)
-            .await
-            .map_err(|e| e.to_string())?;
-        metrics::claimed(sent.elapsed(), runs.len());
+        let order = if fast_first { [true, false] } else { [false, true] };
+        let (mut runs, mut moved) = (Vec::new(), 0);
+        for fast in order {
+            let left = want.saturating_sub(runs.len());
+            let functions = if fast { &classes.fast } else { &classes.full };
+            if left == 0 || functions.ids.is_empty() {
+                continue;
+            }
+            let sent = Instant::now();
+            let claimed = if fast {
+                store::claim_fast(&engine.pool, functions, left as i64, lease, worker_id).await
+            } else {
+                store::claim_runnable(&engine.pool, functions, left as i64, lease, worker_id).await
+            };
+            let (got, m) = match claimed {
+                Ok(c) => c,
+                // The first class's runs are claimed: hand them on; this error is logged.
+                Err(e) if !runs.is_empty() => {
+                    tracing::warn!(error = %e, "claim failed; retrying");
+                    break;
+                }
+                Err(e) => return Err(e.to_string()),
+            };
+            metrics::claimed(sent.elapsed(), got.len());
+            runs.extend(got);
+            moved += m;
+        }
         if !runs.is_empty() {
             // The claim committed but its answer is lost: the runs stay claimed
             // until their leases expire and a reaper takes them back.
@@ -323,23 +402,40 @@ where
 /// runs, whether the attempt ended normally or its executor panicked.
 struct Done {
     held: HeldRuns,
-    run_id: Uuid,
-    epoch: i64,
-    slot_freed: Arc<Notify>,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    fence: Fence,
 }
 
 impl Drop for Done {
     fn drop(&mut self) {
         let mut held = lock(&self.held);
         // A newer attempt of the same run may already be held here.
-        if held.get(&self.run_id).is_some_and(|h| h.epoch == self.epoch) {
-            held.remove(&self.run_id);
+        if held.get(&self.fence.run_id()).is_some_and(|h| h.fence == self.fence) {
+            held.remove(&self.fence.run_id());
         }
-        drop(held);
+    }
+}
+
+/// One of the worker's `max_in_flight` slots, held by an attempt while its
+/// handler may run. Freed as soon as the handler has returned (while the
+/// attempt's end is still being written, so the next claim overlaps that
+/// commit), or else when the attempt ends, also if it panics.
+struct Slot {
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    freed: Arc<Notify>,
+}
+
+impl Slot {
+    fn free(&mut self) {
         // Free the slot before telling the claim loop, which then counts free slots.
-        drop(self.permit.take());
-        self.slot_freed.notify_one();
+        if self.permit.take().is_some() {
+            self.freed.notify_one();
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.free();
     }
 }
 
@@ -347,17 +443,47 @@ impl Drop for Done {
 enum Ending {
     Returned(serde_json::Value),
     Failed(HandlerError),
+    /// The replay parted from the run's journal: park the run.
+    Diverged(crate::journal::Divergence),
+    /// The run is sleeping or waiting: its suspension is stored.
+    Suspended,
+    /// Nothing more may be written (fenced, lease lost, cancelled).
     Stopped,
 }
 
+/// Whether a failure came from a step (its signal), not from the handler's own return.
+fn returned_by_step(ending: &Ending) -> bool {
+    matches!(ending, Ending::Failed(e) if e.step().is_some())
+}
+
+/// Parks the run `diverged`, with what was found, until an operator acts;
+/// returns whether it was stored.
+async fn diverged(engine: &EngineInner, run: &RunRef, d: crate::journal::Divergence) -> bool {
+    let json = serde_json::to_value(&d).unwrap_or_default();
+    match store::park_diverged(&engine.pool, run.fence, &json, &d.to_string()).await {
+        Ok(true) => {
+            metrics::count(metrics::RUNS_DIVERGED, &run.function_id);
+            tracing::error!(error = %d, "run diverged from its recorded steps; parked until an operator resumes or discards it");
+            true
+        }
+        Ok(false) => {
+            tracing::warn!("divergence not recorded: lease lost or run cancelled");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "divergence not recorded; the lease will expire and the run be retried");
+            false
+        }
+    }
+}
+
 /// Executes one attempt of a claimed run and writes how it ended.
-async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: CancellationToken) {
-    let Some(function) = engine.functions.get(&run.function_id) else {
-        // Claimed only for registered functions; unreachable, but fail loudly rather than loop.
+async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: CancellationToken, mut slot: Slot) {
+    let Some(function) = engine.handler(&run.function_id, run.version) else {
+        // Claimed only for registered versions; unreachable, but fail loudly rather than loop.
         let _ = store::fail_attempt(
             &engine.pool,
-            run.id,
-            run.lease_epoch,
+            run.fence(),
             "function not registered in this worker",
             true,
             Duration::ZERO,
@@ -371,15 +497,20 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
     let attempt = u32::try_from(run.attempt).unwrap_or(1);
     let span = tracing::info_span!("run", run_id = %run.id, function = %run.function_id, attempt);
     metrics::run_started(&run.function_id, attempt);
-    let this = RunRef { id: run.id, lease_epoch: run.lease_epoch, function_id: run.function_id.clone() };
+    let this = RunRef { fence: run.fence(), function_id: run.function_id.clone(), parent: run.parent.clone() };
     let (signal_tx, signal_rx) = oneshot::channel();
+    let journal = Arc::new(Mutex::new(Journal::new(run.journal)));
     let ctx = Ctx::new(CtxParts {
         run_id: run.id,
         function_id: run.function_id.clone(),
         event_id: run.event_id,
         attempt,
-        epoch: run.lease_epoch,
+        fence: Some(this.fence),
         stored: run.steps,
+        journal: journal.clone(),
+        dry: false,
+        #[cfg(feature = "testing")]
+        probe: engine.probe.get().cloned(),
         signal: signal_tx,
         lost: lost.clone(),
         writer: writer.clone(),
@@ -389,34 +520,68 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
         db_now: run.db_now,
         claimed_at: Instant::now(),
         span: span.clone(),
+        step_timeout: function.step_timeout,
     });
     async move {
         // Aborted when dropped: if this executor is cancelled (shutdown), user code stops too.
         let mut handle = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
             (function.handler)(ctx, run.payload).in_current_span(),
         ));
+        // Set when the handler is aborted: the attempt's end is written (or,
+        // without an end write, its slots given back) only once the handler,
+        // and every step body in it, has actually been dropped.
+        let mut aborted = false;
         let ending = tokio::select! {
             biased;
             joined = &mut handle => ending_of(joined),
             signal = signal_rx => match signal {
                 Ok(Signal::StepFailed(e)) => {
                     handle.abort();
+                    aborted = true;
                     Ending::Failed(e)
                 }
                 Ok(Signal::Suspended) => {
                     handle.abort();
+                    aborted = true;
                     metrics::count(metrics::RUNS_SUSPENDED, &this.function_id);
                     tracing::debug!("run suspended");
+                    Ending::Suspended
+                }
+                Ok(Signal::Diverged(d)) => {
+                    handle.abort();
+                    aborted = true;
+                    Ending::Diverged(d)
+                }
+                // The test kit crashed the attempt: as a dead process, write
+                // nothing and leave the lease to expire.
+                #[cfg(feature = "testing")]
+                Ok(Signal::Crashed) => {
+                    handle.abort();
+                    aborted = true;
+                    tracing::info!("attempt crashed by the test kit");
+                    Ending::Stopped
+                }
+                // Only dry replays stop so; this is not one.
+                Ok(Signal::Reached) => {
+                    handle.abort();
+                    aborted = true;
                     Ending::Stopped
                 }
                 Ok(Signal::Fenced) => {
                     handle.abort();
+                    aborted = true;
                     if !lost.is_cancelled() {
                         // Cancelled here, so the heartbeat does not count this loss again.
                         lost.cancel();
                         metrics::count(metrics::LEASES_LOST, &this.function_id);
                     }
                     tracing::warn!("attempt fenced: lease lost");
+                    Ending::Stopped
+                }
+                Ok(Signal::Cancelled) => {
+                    handle.abort();
+                    aborted = true;
+                    tracing::info!("run cancelled by an event of its own step; attempt ended");
                     Ending::Stopped
                 }
                 // Every Ctx is gone: the handler has returned (or panicked), or
@@ -426,59 +591,124 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
                     joined = &mut handle => ending_of(joined),
                     _ = lost.cancelled() => {
                         handle.abort();
-                        tracing::warn!("lease lost; handler dropped");
+                        aborted = true;
+                        tracing::warn!("lease lost or run cancelled; handler dropped");
                         Ending::Stopped
                     }
                 },
             },
             _ = lost.cancelled() => {
                 handle.abort();
-                tracing::warn!("lease lost; handler dropped");
+                aborted = true;
+                tracing::warn!("lease lost or run cancelled; handler dropped");
                 Ending::Stopped
             }
         };
-        if lost.is_cancelled() {
-            return;
+        // The handler returned (or failed by itself) without asking for entries
+        // the run recorded: the code no longer does what the run did.
+        let ending = match ending {
+            Ending::Returned(_) | Ending::Failed(_) if !returned_by_step(&ending) => {
+                match journal.lock().unwrap_or_else(|p| p.into_inner()).unasked() {
+                    Some((position, recorded)) => Ending::Diverged(crate::journal::Divergence {
+                        run_id: this.fence.run_id(),
+                        function_id: this.function_id.clone(),
+                        position,
+                        recorded: Some(recorded),
+                        asked: None,
+                    }),
+                    None => ending,
+                }
+            }
+            other => other,
+        };
+        // An aborted handler may still be running a step body of a branch
+        // that did not fail (a `join!`), until its task is dropped: wait for
+        // that before writing the attempt's end, which gives back its slots
+        // (G22: a slot is held until the attempt's body has stopped).
+        if aborted {
+            let _ = (&mut handle).await;
         }
-        match ending {
-            Ending::Returned(output) => complete(engine, &this, &writer, output).await,
-            Ending::Failed(e) => fail(engine, &this, attempt, &function.backoff, function.backpressure, e).await,
-            Ending::Stopped => {}
+        // No user code of this attempt runs any more: this worker's slot is
+        // free while the attempt's end is written.
+        slot.free();
+        // Whether the attempt's own end write (completion, failure, retry,
+        // suspension, divergence) was stored; it gives back the attempt's slots itself.
+        let ended = !lost.is_cancelled()
+            && match ending {
+                Ending::Diverged(d) => diverged(engine, &this, d).await,
+                Ending::Returned(output) => complete(engine, &this, &writer, output).await,
+                Ending::Failed(e) => fail(engine, &this, attempt, &function.backoff, function.backpressure, e).await,
+                Ending::Suspended => true,
+                Ending::Stopped => false,
+            };
+        if !ended {
+            // A run cancelled under this attempt holds its slots until now.
+            end_cancelled(engine, &this).await;
         }
     }
     .instrument(span)
     .await
 }
 
-async fn complete(engine: &EngineInner, run: &RunRef, writer: &Writer, output: serde_json::Value) {
+/// The end of an attempt whose run may have been cancelled under it, once its
+/// handler has been dropped: gives back the slots a cancelled run keeps until
+/// then. Nothing happens for a run that was not cancelled (a lost lease).
+async fn end_cancelled(engine: &EngineInner, run: &RunRef) {
+    match store::end_cancelled_attempt(&engine.pool, run.fence).await {
+        Ok(true) => tracing::info!("cancelled attempt ended; its concurrency slots are free"),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "could not end the cancelled attempt; the reaper frees its slots when its lease lapses")
+        }
+    }
+}
+
+/// Stores the run's completion; returns whether it was stored.
+async fn complete(engine: &EngineInner, run: &RunRef, writer: &Writer, output: serde_json::Value) -> bool {
     let text = match limits::check_payload(&output, &engine.limits) {
-        Ok(t) => crate::codec::seal_text(engine.keyring.as_deref(), &crate::codec::output_aad(run.id), t),
+        Ok(t) => {
+            // A child's output is bound to the parent run and step it answers,
+            // so it cannot be transplanted into another parent.
+            let place =
+                crate::codec::Place::output(run.fence.run_id(), run.parent.as_ref().map(|(p, k)| (*p, k.as_str())));
+            crate::codec::seal_text(engine.keyring.as_deref(), &place, &output, t)
+        }
         Err(e) => {
             let e = HandlerError::permanent(format!("run output refused: {e}"));
             return fail(engine, run, 1, &crate::Backoff::default(), false, e).await;
         }
     };
-    crate::failpoint!(
-        "complete-before-commit",
-        tracing::warn!("failpoint complete-before-commit: completion not stored; the lease will expire")
-    );
-    match writer.write(PendingWrite::Complete { run_id: run.id, epoch: run.lease_epoch, output: text }).await {
+    crate::failpoint!("complete-before-commit", {
+        tracing::warn!("failpoint complete-before-commit: completion not stored; the lease will expire");
+        false
+    });
+    match writer.write(PendingWrite::Complete { fence: run.fence, output: text }).await {
         Ok(WriteOutcome::Stored) => {
             metrics::count(metrics::RUNS_COMPLETED, &run.function_id);
             tracing::debug!("run completed");
+            true
         }
-        Ok(_) => tracing::warn!("completion fenced: lease lost"),
-        Err(e) => tracing::warn!(error = %e, "completion not stored; the lease will expire and the run be retried"),
+        Ok(_) => {
+            tracing::warn!("completion fenced: lease lost or run cancelled");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "completion not stored; the lease will expire and the run be retried");
+            false
+        }
     }
 }
 
 /// The identity of an attempt: what every write after the claim compares.
 struct RunRef {
-    id: Uuid,
-    lease_epoch: i64,
+    fence: Fence,
     function_id: String,
+    /// The run and step that invoked it (from the claim): a child's output is bound to them.
+    parent: Option<(Uuid, String)>,
 }
 
+/// Stores the end of a failed attempt (a retry or the run's failure); returns
+/// whether it was stored.
 async fn fail(
     engine: &EngineInner,
     run: &RunRef,
@@ -486,39 +716,46 @@ async fn fail(
     backoff: &crate::Backoff,
     backpressure: bool,
     e: HandlerError,
-) {
-    let delay = e.retry_after_delay().unwrap_or_else(|| backoff.delay(attempt));
+) -> bool {
+    // Cut to the documented maximum: a huge delay once failed the write
+    // ("timestamp out of range") and a large one paused a shared key for years.
+    let delay = e.retry_after_delay().unwrap_or_else(|| backoff.delay(attempt)).min(limits::MAX_RETRY_DELAY);
     let pause = backpressure && e.retry_after_delay().is_some() && !e.is_permanent();
     let mut tries = 0;
     loop {
         let failed = store::fail_attempt(
             &engine.pool,
-            run.id,
-            run.lease_epoch,
+            run.fence,
             e.message(),
             e.is_permanent(),
             delay,
             pause,
-            crate::flow::BACKPRESSURE_FREE_RETRIES,
+            i32::try_from(crate::flow::BACKPRESSURE_FREE_RETRIES).unwrap_or(i32::MAX),
             e.step(),
         );
         match failed.await {
             Ok(Some(state)) => {
-                if state == "failed" {
+                if state == crate::RunState::Failed {
                     metrics::count(metrics::RUNS_FAILED, &run.function_id);
                     tracing::warn!(error = %e, "run failed");
                 } else {
                     metrics::count(metrics::ATTEMPTS_FAILED, &run.function_id);
                     tracing::info!(error = %e, retry_in = ?delay, "attempt failed; will retry");
                 }
-                return;
+                return true;
             }
-            Ok(None) => return tracing::warn!("failure not recorded: lease lost"),
+            Ok(None) => {
+                tracing::warn!("failure not recorded: lease lost or run cancelled");
+                return false;
+            }
             Err(err) if tries < 5 && crate::error::is_transient_sqlx(&err) => {
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(100 * tries)).await;
             }
-            Err(err) => return tracing::warn!(error = %err, "failure not recorded; the lease will expire"),
+            Err(err) => {
+                tracing::warn!(error = %err, "failure not recorded; the lease will expire");
+                return false;
+            }
         }
     }
 }
@@ -554,7 +791,8 @@ async fn heartbeat_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: Cancella
             _ = tokio::time::sleep(tick) => {}
             _ = stop.cancelled() => return,
         }
-        let pairs: Vec<(Uuid, i64)> = lock(&held).iter().map(|(id, h)| (*id, h.epoch)).collect();
+        // Not the attempts whose handler is being dropped: their leases must lapse.
+        let pairs: Vec<Fence> = lock(&held).values().filter(|h| !h.lost.is_cancelled()).map(|h| h.fence).collect();
         if pairs.is_empty() {
             continue;
         }
@@ -572,16 +810,26 @@ async fn heartbeat_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: Cancella
             Err(_) => tracing::warn!(after = ?opts.lease, "heartbeat got no answer; abandoned"),
             Ok(Err(e)) => tracing::warn!(error = %e, "heartbeat failed"),
             Ok(Ok(still)) => {
-                let still: std::collections::HashSet<Uuid> = still.into_iter().collect();
+                // Extended, or busy: still ours, but its row was locked by another
+                // transaction, so it was skipped. A busy run keeps its old lease
+                // and is tried again next round; only the own-clock check drops
+                // it, if its lease really lapses.
+                let still: HashMap<Uuid, bool> = still.into_iter().collect();
                 let mut held = lock(&held);
-                for (id, epoch) in &pairs {
-                    if let Some(h) = held.get_mut(id).filter(|h| h.epoch == *epoch) {
-                        if still.contains(id) {
-                            h.last_extended = sent_at;
-                        } else if !h.lost.is_cancelled() {
-                            metrics::count(metrics::LEASES_LOST, &h.function_id);
-                            tracing::warn!(run_id = %id, "lease lost (fenced); dropping handler");
-                            h.lost.cancel();
+                for fence in &pairs {
+                    let id = &fence.run_id();
+                    if let Some(h) = held.get_mut(id).filter(|h| h.fence == *fence) {
+                        match still.get(id) {
+                            Some(true) => h.last_extended = sent_at,
+                            Some(false) => {
+                                tracing::debug!(run_id = %id, "run row locked by another transaction; lease extension retried next round")
+                            }
+                            None if !h.lost.is_cancelled() => {
+                                metrics::count(metrics::LEASES_LOST, &h.function_id);
+                                tracing::warn!(run_id = %id, "lease lost (fenced); dropping handler");
+                                h.lost.cancel();
+                            }
+                            None => {}
                         }
                     }
                 }
@@ -646,7 +894,9 @@ async fn prune_loop(engine: Arc<EngineInner>, retention: Duration, stop: Cancell
             _ = tokio::time::sleep(engine.worker.prune_interval) => {}
             _ = stop.cancelled() => return,
         }
-        match crate::inspect::prune_all(&engine.control_pool, retention, 20).await {
+        // On the main pool: a long prune must never hold a connection the
+        // heartbeats, the reaper or the listener need (the control pool is small).
+        match store::prune_all(&engine.pool, retention, 20).await {
             Ok(r) if r.runs + r.events > 0 => tracing::info!(runs = r.runs, events = r.events, "pruned finished runs"),
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "pruning failed"),
@@ -660,6 +910,10 @@ pub(crate) async fn reap_once(pool: &sqlx::PgPool) -> Result<usize, Error> {
     if timed_out > 0 {
         tracing::info!(timed_out, "cancelled runs past their start or finish timeout");
     }
+    let lapsed = store::release_lapsed_cancels(pool, 100).await.map_err(from_sqlx)?;
+    if lapsed > 0 {
+        tracing::warn!(lapsed, "cancelled attempts whose lease lapsed gave back their slots");
+    }
     let seen = store::find_expired_leases(pool, 100).await.map_err(from_sqlx)?;
     if seen.is_empty() {
         return Ok(0);
@@ -670,7 +924,7 @@ pub(crate) async fn reap_once(pool: &sqlx::PgPool) -> Result<usize, Error> {
     );
     let reaped = store::reap_expired(pool, &seen).await.map_err(from_sqlx)?;
     for (id, state) in &reaped {
-        metrics::runs_reaped(state);
+        metrics::runs_reaped(state.as_str());
         tracing::warn!(run_id = %id, new_state = %state, "reaped run with expired lease");
     }
     Ok(reaped.len())
@@ -691,13 +945,15 @@ async fn sample_queue_depth(engine: &EngineInner) {
     }
 }
 
-/// LISTEN for wake-up hints; reconnects with backoff. Polling covers any gap.
-async fn listen_loop(engine: Arc<EngineInner>, wake: Arc<Notify>, stop: CancellationToken) {
+/// LISTEN for wake-up hints, and for cancels of running runs (a held run
+/// that is cancelled has its handler dropped at once, not at the next
+/// heartbeat); reconnects with backoff. Polling and heartbeats cover any gap.
+async fn listen_loop(engine: Arc<EngineInner>, wake: Arc<Notify>, held: HeldRuns, stop: CancellationToken) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let listener = async {
             let mut l = sqlx::postgres::PgListener::connect_with(&engine.control_pool).await?;
-            l.listen(store::WAKEUP_CHANNEL).await?;
+            l.listen_all([store::WAKEUP_CHANNEL, store::CANCEL_CHANNEL]).await?;
             Ok::<_, sqlx::Error>(l)
         };
         let mut listener = tokio::select! {
@@ -721,6 +977,7 @@ async fn listen_loop(engine: Arc<EngineInner>, wake: Arc<Notify>, stop: Cancella
         loop {
             tokio::select! {
                 n = listener.try_recv() => match n {
+                    Ok(Some(n)) if n.channel() == store::CANCEL_CHANNEL => drop_cancelled(&held, n.payload()),
                     Ok(Some(_)) => wake.notify_one(),
                     Ok(None) => { wake.notify_one(); } // connection lost and re-established by sqlx
                     Err(_) => break,
@@ -731,12 +988,32 @@ async fn listen_loop(engine: Arc<EngineInner>, wake: Arc<Notify>, stop: Cancella
     }
 }
 
+/// A cancel announced on [`store::CANCEL_CHANNEL`] (`<run id>:<lease epoch>`):
+/// if this worker holds that attempt, its handler is dropped now; the
+/// executor then ends the attempt, which frees its slots.
+fn drop_cancelled(held: &HeldRuns, payload: &str) {
+    let Some((id, epoch)) = payload.split_once(':') else {
+        return;
+    };
+    let (Ok(id), Ok(epoch)) = (id.parse::<Uuid>(), epoch.parse::<i64>()) else {
+        return;
+    };
+    if let Some(h) = lock(held).get(&id).filter(|h| h.fence.epoch() == epoch && !h.lost.is_cancelled()) {
+        tracing::info!(run_id = %id, "run cancelled; dropping its handler");
+        h.lost.cancel();
+    }
+}
+
 /// Ticks the cron schedules of this worker's functions every poll interval.
 /// Every worker does this; the schedule row's lock and the fire-time
 /// idempotency keys make each fire time one run.
 async fn cron_loop(engine: Arc<EngineInner>, stop: CancellationToken) {
-    let mut ids: Vec<String> =
-        engine.functions.iter().filter(|(_, r)| r.schedule.is_some()).map(|(id, _)| id.clone()).collect();
+    let mut ids: Vec<String> = engine
+        .functions
+        .iter()
+        .filter(|(_, r)| r.newest().is_some_and(|r| r.schedule.is_some()))
+        .map(|(id, _)| id.clone())
+        .collect();
     if ids.is_empty() {
         return;
     }
@@ -764,7 +1041,9 @@ async fn cron_tick(engine: &EngineInner, ids: &[String]) -> Result<usize, Error>
     }
     let mut events = Vec::new();
     for d in &due {
-        let Some((schedule, catch_up)) = engine.functions.get(&d.function_id).and_then(|r| r.schedule.as_ref()) else {
+        let Some((schedule, catch_up)) =
+            engine.functions.get(&d.function_id).and_then(|r| r.newest()).and_then(|r| r.schedule.as_ref())
+        else {
             continue;
         };
         if let Some(last) = d.last_tick_at {
@@ -777,7 +1056,7 @@ async fn cron_tick(engine: &EngineInner, ids: &[String]) -> Result<usize, Error>
                     &crate::CronTick { scheduled_at: at },
                 )
                 .idempotency_key(key);
-                events.push(event.prepare(&engine.limits)?);
+                events.push(event.prepare_internal(&engine.limits)?);
             }
         }
         let next = schedule.next_after(d.db_now);

@@ -9,10 +9,19 @@ use std::time::Duration;
 
 use durastep::{Ctx, Engine, Error, Event, Function, LimitError, Limits, RunState};
 use serde_json::{Value, json};
+use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// Small limits, so oversized values stay small in the tests.
-const LIMITS: Limits = Limits { max_payload_bytes: 1024, max_depth: 64, max_key_bytes: 512 };
+const LIMITS: Limits = Limits {
+    max_payload_bytes: 1024,
+    max_depth: 64,
+    max_key_bytes: 512,
+    max_run_bytes: 64 * 1024 * 1024,
+    max_steps_per_run: 10_000,
+    max_batch_events: 10_000,
+    max_batch_bytes: 16 * 1024 * 1024,
+};
 
 #[derive(Debug, serde::Deserialize, serde::Serialize)]
 struct Order {
@@ -181,6 +190,78 @@ async fn unreachable_database_is_unavailable_at_build() {
     assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
     assert!(err.is_transient());
     assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+}
+
+/// The server to point bad settings at: `DATABASE_URL`'s host, port and user.
+fn server() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A database that does not exist, a role that does not exist and a
+/// malformed URL are configuration errors: `Error::Config`, not transient (a
+/// retry loop must not retry them forever), and the message is the server's
+/// without sqlx's "at line N" (the server's C source line).
+/// Catches: these reported as `Unavailable` with `is_transient() == true`,
+/// and "... does not exist at line 1023" noise.
+#[tokio::test]
+async fn wrong_settings_are_configuration_errors_not_transient() {
+    let server: PgConnectOptions = server().parse().unwrap();
+    let no_database = server.clone().database("durastep_no_such_database_x9");
+    let no_role = server.clone().username("durastep_no_such_role_x9");
+    for (what, options) in [("database", no_database), ("role", no_role)] {
+        let url = options.to_url_lossy().to_string();
+        let err = Engine::builder().database_url(url).build().await.expect_err(what);
+        assert!(matches!(err, Error::Config(_)), "{what}: {err:?}");
+        assert!(!err.is_transient(), "{what}: {err:?}");
+        let message = err.to_string();
+        assert!(message.contains("does not exist"), "{what}: {message}");
+        assert!(!message.contains(" at line "), "{what}: {message}");
+    }
+    for url in ["not a url", "postgres://postgres@127.0.0.1:notaport/postgres"] {
+        let err = Engine::builder().database_url(url).build().await.expect_err(url);
+        assert!(matches!(err, Error::Config(_)), "{url}: {err:?}");
+        assert!(!err.is_transient());
+    }
+}
+
+/// A database error raised inside a step and passed on with `?` is stored as
+/// the server's message with its SQLSTATE, once.
+/// Catches: `HandlerError`'s `From` copying sqlx's text, which adds the
+/// server's C source line ("division by zero at line 840") and repeats the
+/// message through the error's source.
+#[sqlx::test(migrations = false)]
+async fn a_database_error_in_a_step_is_stored_without_noise(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let f = durastep::Function::new("divide").on_event("divide").retries(0).handler(
+        |ctx: durastep::Ctx, _: ()| async move {
+            ctx.step_tx("divide", async move |conn| {
+                let n: i32 = sqlx::query_scalar("SELECT 1 / 0").fetch_one(&mut *conn).await?;
+                Ok(n)
+            })
+            .await?;
+            Ok(())
+        },
+    );
+    let engine = common::engine(&opts, vec![f]).await;
+    let run_id = engine.send(durastep::Event::new("divide", &())).await.unwrap().run_ids[0];
+    let worker = common::spawn_worker(&engine);
+    let run = common::finished(&engine, run_id).await;
+    worker.stop().await;
+    let error = run.last_error.unwrap_or_default();
+    assert!(error.contains("division by zero (SQLSTATE 22012)"), "{error}");
+    assert!(!error.contains(" at line "), "{error}");
+    assert_eq!(error.matches("division by zero").count(), 1, "{error}");
+}
+
+/// Every `sqlx::Error` converts through the one classifying `From`: `?` on a
+/// sqlx call in code returning `durastep::Error` tells unreachability apart.
+/// Catches: a derived `From` that made every sqlx error `Error::Database`.
+#[test]
+fn the_one_from_sqlx_error_classifies() {
+    let io = sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused"));
+    assert!(matches!(Error::from(io), Error::Unavailable(_)));
+    assert!(matches!(Error::from(sqlx::Error::PoolTimedOut), Error::Unavailable(_)));
+    assert!(matches!(Error::from(sqlx::Error::Configuration("bad".into())), Error::Config(_)));
+    assert!(matches!(Error::from(sqlx::Error::RowNotFound), Error::Database(_)));
 }
 
 /// A step output or a run output over the limit fails the run at once with a

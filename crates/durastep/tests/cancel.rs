@@ -155,7 +155,7 @@ async fn cancel_on_cancels_matching_runs_in_the_senders_transaction(_p: PgPoolOp
     let p = pushes.clone();
     let f = Function::new("budget")
         .on_event("campaign/budget.requested")
-        .cancel_on("campaign/paused", ("/campaign_id", "/campaign_id"))
+        .cancel_on(durastep::CancelOn::event("campaign/paused").key("/campaign_id"))
         .handler(move |ctx: Ctx, req: Value| {
             let p = p.clone();
             async move {
@@ -211,7 +211,18 @@ async fn cancel_on_cancels_matching_runs_in_the_senders_transaction(_p: PgPoolOp
 /// A cancel_on pointer that is not a JSON pointer is refused at build.
 #[sqlx::test(migrations = false)]
 async fn invalid_cancel_on_pointer_is_refused(_p: PgPoolOptions, opts: PgConnectOptions) {
-    let f = Function::new("f").cancel_on("x", ("campaign_id", "/campaign_id")).handler(|_c, _x: ()| async { Ok(()) });
+    let f = Function::new("f")
+        .cancel_on(durastep::CancelOn::event("x").event_key("campaign_id").run_key("/campaign_id"))
+        .handler(|_c, _x: ()| async { Ok(()) });
     let err = common::try_engine(&opts, vec![f], common::fast_options(), Default::default()).await.unwrap_err();
     assert!(matches!(err, Error::InvalidFunction(ref m) if m.contains("JSON pointer")), "{err:?}");
+}
+
+/// A cancel_on rule without a key is refused at build, naming what to add.
+/// Catches: a keyless rule silently comparing whole event payloads.
+#[sqlx::test(migrations = false)]
+async fn cancel_on_without_a_key_is_refused(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let f = Function::new("f").cancel_on(durastep::CancelOn::event("x")).handler(|_c, _x: ()| async { Ok(()) });
+    let err = common::try_engine(&opts, vec![f], common::fast_options(), Default::default()).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidFunction(ref m) if m.contains("needs a key")), "{err:?}");
 }

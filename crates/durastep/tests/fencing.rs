@@ -1,5 +1,6 @@
 //! Fencing: an attempt that lost its lease cannot store a step result, complete
-//! the run, fail it or put it to sleep; the attempt that took over wins.
+//! the run, fail it, put it to sleep, wait for an event, invoke a child run,
+//! send an event or release the run at shutdown; the attempt that took over wins.
 //!
 //! Each test runs attempt 1 in worker A, holds it at a gate, expires its lease by
 //! moving the database clock, reaps it, lets worker B claim attempt 2 and hold
@@ -11,11 +12,11 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durastep::{Backoff, Ctx, Function, HandlerError, RunState};
+use durastep::{Backoff, ChildError, Ctx, Event, EventMatch, Function, HandlerError, RunState};
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use common::{Handoff, lease_of, release_stale, step_row, step_rows, take_over};
+use common::{Handoff, count, lease_of, release_stale, step_row, step_rows, take_over, take_over_with};
 
 /// What the test and both attempts share.
 #[derive(Default)]
@@ -104,6 +105,12 @@ enum StaleEnding {
     Return,
     Fail,
     Sleep,
+    /// `ctx.wait_for_event` (it would record a wait and make the run `waiting`).
+    Wait,
+    /// `ctx.invoke` of a child run (it would create the child and make the run `waiting`).
+    Invoke,
+    /// `ctx.send_event` (it would store the event and its fan-out).
+    Send,
 }
 
 /// The stale attempt tries to end the run (complete, fail or sleep) while
@@ -130,6 +137,30 @@ async fn stale_attempt_cannot_end_the_run(opts: PgConnectOptions, ending: StaleE
                                 ctx.sleep("nap", Duration::from_secs(3600)).await?;
                                 p.log("after-nap", attempt);
                             }
+                            StaleEnding::Wait => {
+                                let got: Option<serde_json::Value> = ctx
+                                    .wait_for_event(
+                                        "nap",
+                                        durastep::WaitFor::event("fenced/ping")
+                                            .matching(EventMatch::any())
+                                            .timeout(Duration::from_secs(3600)),
+                                    )
+                                    .await?;
+                                p.log(&format!("after-wait {got:?}"), attempt);
+                            }
+                            StaleEnding::Invoke => {
+                                let got: Result<String, ChildError> = ctx
+                                    .invoke(
+                                        "nap",
+                                        durastep::Invoke::function("fenced-end").timeout(Duration::from_secs(3600)),
+                                    )
+                                    .await?;
+                                p.log(&format!("after-invoke {got:?}"), attempt);
+                            }
+                            StaleEnding::Send => {
+                                let receipt = ctx.send_event("nap", Event::new("fenced/ping", &())).await?;
+                                p.log(&format!("after-send {receipt:?}"), attempt);
+                            }
                         }
                     }
                     Ok(format!("by attempt {attempt}"))
@@ -146,7 +177,10 @@ async fn stale_attempt_cannot_end_the_run(opts: PgConnectOptions, ending: StaleE
     assert_eq!(run.output, None, "{run:?}");
     assert!(run.last_error.as_deref().unwrap_or("").contains("lease expired"), "{run:?}");
     assert_eq!(lease_of(&engine, id).await.0, 2);
-    assert_eq!(step_row(&engine, id, "nap").await, None, "the stale attempt stored its sleep");
+    assert_eq!(step_row(&engine, id, "nap").await, None, "the stale attempt stored its sleep, wait, invoke or send");
+    assert_eq!(count(&engine, "durastep.waits").await, 0, "the stale attempt recorded a wait");
+    assert_eq!(count(&engine, "durastep.runs WHERE parent_run_id IS NOT NULL").await, 0, "the stale attempt invoked");
+    assert_eq!(count(&engine, "durastep.events WHERE name = 'fenced/ping'").await, 0, "the stale attempt sent");
 
     p.h.b_gate.open();
     let run = common::finished(&engine, id).await;
@@ -176,4 +210,71 @@ async fn stale_attempt_cannot_fail_the_run(_p: PgPoolOptions, opts: PgConnectOpt
 #[sqlx::test(migrations = false)]
 async fn stale_attempt_cannot_put_the_run_to_sleep(_p: PgPoolOptions, opts: PgConnectOptions) {
     stale_attempt_cannot_end_the_run(opts, StaleEnding::Sleep).await;
+}
+
+/// Catches: a wait recorded without the epoch compare (the run would become
+/// `waiting` under attempt 2, which would then be dropped as fenced).
+#[sqlx::test(migrations = false)]
+async fn stale_attempt_cannot_wait_for_an_event(_p: PgPoolOptions, opts: PgConnectOptions) {
+    stale_attempt_cannot_end_the_run(opts, StaleEnding::Wait).await;
+}
+
+/// Catches: an invoke without the epoch compare (a child run would be created
+/// for the stale attempt and the run made `waiting` under attempt 2).
+#[sqlx::test(migrations = false)]
+async fn stale_attempt_cannot_invoke_a_child(_p: PgPoolOptions, opts: PgConnectOptions) {
+    stale_attempt_cannot_end_the_run(opts, StaleEnding::Invoke).await;
+}
+
+/// Catches: a `send_event` whose event commits without the step's fencing
+/// check (the stale attempt's event and fan-out would be stored).
+#[sqlx::test(migrations = false)]
+async fn stale_attempt_cannot_send_an_event(_p: PgPoolOptions, opts: PgConnectOptions) {
+    stale_attempt_cannot_end_the_run(opts, StaleEnding::Send).await;
+}
+
+/// Worker A shuts down while its stale attempt 1 is still held past a short
+/// grace period, so it releases the run: the release must match nothing (the
+/// run stays attempt 2's, running, with B's lease), and attempt 2 completes.
+/// Catches: a release without the epoch compare (the run would go back to
+/// `queued` under attempt 2, and a second body would start beside it).
+#[sqlx::test(migrations = false)]
+async fn stale_attempt_cannot_release_the_run(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let p = Arc::new(Probe::default());
+    let make = || {
+        let p = p.clone();
+        Function::new("fenced-release").on_event("go").retries(3).backoff(Backoff::Fixed(Duration::ZERO)).handler(
+            move |ctx: Ctx, _: ()| {
+                let p = p.clone();
+                async move {
+                    let attempt = ctx.attempt();
+                    let _dropped = p.h.drop_guard(attempt);
+                    ctx.step("one", || async { Ok(attempt) }).await?;
+                    p.h.hold(attempt).await;
+                    p.log("released", attempt);
+                    Ok(format!("by attempt {attempt}"))
+                }
+            },
+        )
+    };
+    let a_options =
+        durastep::WorkerOptions { shutdown_grace: Duration::from_millis(100), ..common::stalling_options() };
+    let (id, _engine_a, wa, engine, wb) = take_over_with(&opts, make, &p.h, a_options).await;
+    let before = lease_of(&engine, id).await;
+
+    // Attempt 1 stays at its gate: worker A stops, waits out its grace, drops
+    // the handler and releases the run with its old epoch.
+    wa.stop_within(Duration::from_secs(10)).await;
+    assert!(p.h.a_dropped.is_open(), "the stale handler was not dropped at shutdown");
+    let run = engine.run(id).await.unwrap();
+    assert_eq!((run.state, run.attempt), (RunState::Running, 2), "the stale release changed the run: {run:?}");
+    assert_eq!(lease_of(&engine, id).await, before, "the stale release changed attempt 2's lease");
+
+    p.h.b_gate.open();
+    let run = common::finished(&engine, id).await;
+    wb.stop().await;
+    assert_eq!((run.state, run.attempt), (RunState::Completed, 2), "{run:?}");
+    assert_eq!(run.output, Some(json!("by attempt 2")));
+    assert_eq!(p.logged(), ["released@2"]);
 }

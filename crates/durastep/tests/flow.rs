@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use durastep::{Ctx, Engine, Error, Event, Function, HandlerError, RunState, SingletonMode};
+use durastep::{Ctx, Engine, Error, Event, Function, HandlerError, RunState, SingletonMode, WorkerOptions};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -63,20 +63,28 @@ async fn max_overlap(pool: &PgPool, functions: &[&str]) -> Vec<(String, i64)> {
     .expect("overlap sweep")
 }
 
-/// The most starts of one key in any window of `period` (by the database clock,
-/// which the tests move): for each start s, the starts in [s, s + period). A
-/// start is the claim that started the run (`runs.started_at`, the claim
-/// statement's `durastep.now()`), not the moment its handler got to run, which
-/// lags behind on a loaded machine while the test moves the clock on.
+/// Every claim of a run of `function` (a start of an attempt, the thing a
+/// throttle limits), with the run's key: from the run history, one row per
+/// claim (state `running` under a new lease epoch), at the claim statement's
+/// database time. Not when a handler got to run, which lags behind on a loaded
+/// machine while the test moves the clock on, and not only a run's first claim
+/// (`runs.started_at`): a run re-claimed after a lost lease is claimed again.
+const CLAIMS: &str = "SELECT h.run_id, e.payload->>'k' AS key, e.payload->'n' AS n, h.at AS t
+                        FROM durastep.run_history h
+                        JOIN durastep.runs r ON r.id = h.run_id
+                        JOIN durastep.events e ON e.id = r.event_id
+                       WHERE r.function_id = $1 AND h.state = 'running'";
+
+/// The most claims of one key in any window of `period` (by the database
+/// clock, which the tests move): for each claim c, the claims in [c, c + period).
 async fn max_starts_in_window(pool: &PgPool, function: &str, period: Duration) -> Vec<(String, i64)> {
-    sqlx::query_as(
-        "WITH s AS (SELECT DISTINCT l.run_id, l.key, r.started_at AS t FROM flow_ledger l
-                      JOIN durastep.runs r ON r.id = l.run_id WHERE l.function_id = $1)
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "WITH s AS ({CLAIMS})
          SELECT a.key, max((SELECT count(*) FROM s b
                              WHERE b.key = a.key AND b.t >= a.t
                                AND b.t < a.t + make_interval(secs => $2)))::bigint
-           FROM s a GROUP BY a.key ORDER BY a.key",
-    )
+           FROM s a GROUP BY a.key ORDER BY a.key"
+    )))
     .bind(function)
     .bind(period.as_secs_f64())
     .fetch_all(pool)
@@ -148,8 +156,13 @@ async fn send_all(engine: &Engine, events: Vec<Event>) -> Vec<Uuid> {
 async fn concurrency_per_key_holds_with_two_workers_and_a_limit_of_two(_p: PgPoolOptions, opts: PgConnectOptions) {
     init_logs();
     let pool = ledger_pool(&opts).await;
-    let make =
-        || handler(builder("meta", "budget").concurrency(2, Some("/k")), pool.clone(), Duration::from_millis(40));
+    let make = || {
+        handler(
+            builder("meta", "budget").concurrency(durastep::Concurrency::new(2).key("/k")),
+            pool.clone(),
+            Duration::from_millis(40),
+        )
+    };
     let a = engine(&opts, vec![make()]).await;
     let b = engine(&opts, vec![make()]).await;
     // Three busy keys and one key sent as a number (keys are values of any JSON type).
@@ -183,12 +196,12 @@ async fn a_shared_limit_of_one_holds_across_two_functions(_p: PgPoolOptions, opt
     let make = || {
         vec![
             handler(
-                builder("exact-draft", "placement").concurrency_shared("exact-online", 1, None),
+                builder("exact-draft", "placement").concurrency(durastep::Concurrency::new(1).shared("exact-online")),
                 pool.clone(),
                 Duration::from_millis(15),
             ),
             handler(
-                builder("exact-credit", "cancelled").concurrency_shared("exact-online", 1, None),
+                builder("exact-credit", "cancelled").concurrency(durastep::Concurrency::new(1).shared("exact-online")),
                 pool.clone(),
                 Duration::from_millis(15),
             ),
@@ -220,7 +233,7 @@ async fn a_sleeping_run_holds_no_slot_and_retries_give_theirs_back(_p: PgPoolOpt
     let g = gate.clone();
     let sleeper = Function::new("one-at-a-time")
         .on_event("go")
-        .concurrency(1, None)
+        .concurrency(durastep::Concurrency::new(1))
         .retries(2)
         .backoff(durastep::Backoff::Fixed(Duration::from_millis(10)))
         .handler(move |ctx: Ctx, e: Value| {
@@ -247,12 +260,12 @@ async fn a_sleeping_run_holds_no_slot_and_retries_give_theirs_back(_p: PgPoolOpt
     wait_for_run_where(&e, held, "the holder to run", |r| r.state == RunState::Running).await;
     let blocked = e.send(Event::new("go", &json!({"kind": "plain"}))).await.unwrap().run_ids[0];
     // Visible: parked on the function-wide key, waiting for a slot.
-    let run = wait_for_run_where(&e, blocked, "the run to be parked", |r| r.flow_wait.is_some()).await;
-    let wait = run.flow_wait.unwrap();
+    let wait = common::parked(&e, blocked, "the run to be parked").await;
     assert_eq!(
-        (wait.kind.as_str(), wait.rule.as_str(), wait.key.as_str()),
-        ("concurrency", "one-at-a-time#concurrency1", "")
+        (wait.kind.as_str(), wait.rule.as_deref(), wait.key.as_deref()),
+        ("concurrency", Some("one-at-a-time#concurrency1"), Some(""))
     );
+    assert_eq!((wait.in_use, wait.limit), (Some(1), Some(1)));
     assert_eq!(wait.next_possible_start, None);
     let view: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM durastep.run_flow_waits WHERE run_id = $1 AND \"limit\" = 1 AND in_use = 1",
@@ -273,7 +286,10 @@ async fn a_sleeping_run_holds_no_slot_and_retries_give_theirs_back(_p: PgPoolOpt
 async fn keys_are_checked_at_build_and_at_send(_p: PgPoolOptions, opts: PgConnectOptions) {
     init_logs();
     let f = |key: &'static str| {
-        Function::new("f").on_event("e").concurrency(2, Some(key)).handler(|_c, _e: Value| async { Ok(()) })
+        Function::new("f")
+            .on_event("e")
+            .concurrency(durastep::Concurrency::new(2).key(key))
+            .handler(|_c, _e: Value| async { Ok(()) })
     };
     for bad in ["account", "/a~2", "/a~"] {
         let err = try_engine(&opts, vec![f(bad)], fast_options(), Default::default()).await.unwrap_err();
@@ -281,9 +297,9 @@ async fn keys_are_checked_at_build_and_at_send(_p: PgPoolOptions, opts: PgConnec
     }
     let three = Function::new("g")
         .on_event("e")
-        .concurrency(1, None)
-        .concurrency(1, None)
-        .concurrency(1, None)
+        .concurrency(durastep::Concurrency::new(1))
+        .concurrency(durastep::Concurrency::new(1))
+        .concurrency(durastep::Concurrency::new(1))
         .handler(|_c, _e: Value| async { Ok(()) });
     assert!(matches!(
         try_engine(&opts, vec![three], fast_options(), Default::default()).await,
@@ -346,6 +362,10 @@ async fn drive_clock(engine: &Engine, pool: &PgPool, function: &str, step: Durat
     panic!("runs of {function} did not finish within {max_steps} clock steps");
 }
 
+/// The throttle's rule is on claims, so the test measures claims (from the
+/// run history, every claim, by the claim's database time), never when a
+/// handler body got to run. Catches: a check that failed on a loaded machine
+/// because it measured body starts, or only first claims (issue 11).
 #[sqlx::test(migrations = false)]
 async fn throttle_never_exceeds_limit_plus_burst_in_any_window_and_drops_nothing(
     _p: PgPoolOptions,
@@ -355,7 +375,11 @@ async fn throttle_never_exceeds_limit_plus_burst_in_any_window_and_drops_nothing
     let pool = ledger_pool(&opts).await;
     // 3 per 9 s with a burst of 1: at most 4 starts in any 9 s window; one every 3 s once the burst is spent.
     let period = Duration::from_secs(9);
-    let f = handler(builder("linkedin", "budget").throttle(3, period, 1, Some("/k")), pool.clone(), Duration::ZERO);
+    let f = handler(
+        builder("linkedin", "budget").throttle(durastep::Throttle::new(3, period).burst(1).key("/k")),
+        pool.clone(),
+        Duration::ZERO,
+    );
     let e = engine(&opts, vec![f]).await;
     // One at a time, so that arrival order is defined (distinct due times).
     let mut runs = Vec::new();
@@ -369,8 +393,8 @@ async fn throttle_never_exceeds_limit_plus_burst_in_any_window_and_drops_nothing
     quiescent(&pool, "linkedin").await;
     // Visible: a throttled run says what it waits for and when it can start.
     let parked = runs[5];
-    let wait = e.run(parked).await.unwrap().flow_wait.expect("a throttled run is parked");
-    assert_eq!((wait.kind.as_str(), wait.key.as_str()), ("throttle", "acct-a"));
+    let wait = common::parked(&e, parked, "a throttled run to be parked").await;
+    assert_eq!((wait.kind.as_str(), wait.key.as_deref()), ("throttle", Some("acct-a")));
     assert!(wait.next_possible_start.unwrap() > durastep::testing::db_now(&e).await.unwrap());
     drive_clock(&e, &pool, "linkedin", Duration::from_secs(1), 120).await;
     w.stop().await;
@@ -379,24 +403,38 @@ async fn throttle_never_exceeds_limit_plus_burst_in_any_window_and_drops_nothing
     let windows = max_starts_in_window(&pool, "linkedin", period).await;
     assert_eq!(windows, vec![("acct-a".into(), 4), ("acct-b".into(), 4)], "most starts in any {period:?} window");
     // Waiting runs are claimed in arrival order (the burst's two in one claim: one claim time).
-    let order: Vec<i64> = sqlx::query_scalar(
-        "SELECT l.n FROM flow_ledger l JOIN durastep.runs r ON r.id = l.run_id
-          WHERE l.key = 'acct-a' ORDER BY r.started_at, l.n",
-    )
+    let order: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "WITH s AS ({CLAIMS}) SELECT (n)::bigint FROM s WHERE key = 'acct-a' GROUP BY run_id, n ORDER BY min(t), n"
+    )))
+    .bind("linkedin")
     .fetch_all(&pool)
     .await
     .unwrap();
     assert_eq!(order, (0..12).collect::<Vec<i64>>());
-    // Spacing after the burst: claims 3 s apart by the database clock (the clock moves in 1 s steps).
-    let gaps: Vec<f64> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM r.started_at - lag(r.started_at) OVER (ORDER BY r.started_at, r.id))::float8
-           FROM flow_ledger l JOIN durastep.runs r ON r.id = l.run_id
-          WHERE l.key = 'acct-a' ORDER BY r.started_at, r.id OFFSET 2",
-    )
+    // Spacing: the claims replayed through the rule itself (GCRA, one emission
+    // every 3 s, a burst of 1) are each allowed when they happened. A claim
+    // that came late by the clock's 1 s steps lets the next come sooner than
+    // 3 s after it (the burst credit), so plain gaps are not the rule; this
+    // replay fails for any claim the rule did not allow.
+    let times: Vec<f64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "WITH s AS ({CLAIMS}) SELECT extract(epoch FROM min(t))::float8 FROM s WHERE key = 'acct-a'
+          GROUP BY run_id ORDER BY 1"
+    )))
+    .bind("linkedin")
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert!(gaps.iter().all(|g| *g >= 2.99), "starts closer than 3 s: {gaps:?}");
+    assert_eq!(times.len(), 12);
+    let (emit, burst) = (3.0, 1.0);
+    let mut tat = f64::NEG_INFINITY;
+    for (i, t) in times.iter().enumerate() {
+        assert!(
+            *t >= tat - burst * emit - 1e-3,
+            "claim {i} at {t} came before the rule allowed ({}): {times:?}",
+            tat - burst * emit
+        );
+        tat = tat.max(*t) + emit;
+    }
 }
 
 #[sqlx::test(migrations = false)]
@@ -405,7 +443,11 @@ async fn rate_limit_skips_the_excess_and_runs_everything_else(_p: PgPoolOptions,
     let pool = ledger_pool(&opts).await;
     // 2 per 10 s: starts at least 5 s apart; a run over the limit is skipped, not delayed.
     let period = Duration::from_secs(10);
-    let f = handler(builder("refresh", "stale").rate_limit(2, period, Some("/k")), pool.clone(), Duration::ZERO);
+    let f = handler(
+        builder("refresh", "stale").rate_limit(durastep::RateLimit::new(2, period).key("/k")),
+        pool.clone(),
+        Duration::ZERO,
+    );
     let e = engine(&opts, vec![f]).await;
     let w = spawn_worker(&e);
     let burst =
@@ -459,8 +501,11 @@ async fn a_429_pauses_the_whole_key_for_every_function_that_shares_it(_p: PgPool
     // at all: a back-pressure delay must not use one up.
     let make = |id: &'static str, event: &'static str| {
         let (pool, tripped) = (pool.clone(), tripped.clone());
-        Function::new(id).on_event(event).retries(0).backpressure_shared("linkedin-writes", Some("/account")).handler(
-            move |ctx: Ctx, e: Value| {
+        Function::new(id)
+            .on_event(event)
+            .retries(0)
+            .backpressure(durastep::Backpressure::new().key("/account").shared("linkedin-writes"))
+            .handler(move |ctx: Ctx, e: Value| {
                 let (pool, tripped) = (pool.clone(), tripped.clone());
                 async move {
                     let key = e["account"].as_str().unwrap_or_default().to_owned();
@@ -471,8 +516,7 @@ async fn a_429_pauses_the_whole_key_for_every_function_that_shares_it(_p: PgPool
                     }
                     Ok(())
                 }
-            },
-        )
+            })
     };
     let e = engine(&opts, vec![make("budget", "budget"), make("bid", "bid")]).await;
     let w = spawn_worker(&e);
@@ -496,9 +540,8 @@ async fn a_429_pauses_the_whole_key_for_every_function_that_shares_it(_p: PgPool
         assert_eq!(finished(&e, *id).await.state, RunState::Completed);
     }
     for id in [later[0], later[1], later[4]] {
-        let run = wait_for_run_where(&e, id, "a K run to be parked", |r| r.flow_wait.is_some()).await;
-        let wait = run.flow_wait.unwrap();
-        assert_eq!((wait.kind.as_str(), wait.key.as_str()), ("backpressure", "K"));
+        let wait = common::parked(&e, id, "a K run to be parked").await;
+        assert_eq!((wait.kind.as_str(), wait.key.as_deref()), ("backpressure", Some("K")));
         assert_eq!(wait.next_possible_start, Some(paused_until));
     }
     stays(&e, later[0], Duration::from_millis(300), "queued", |r| r.state == RunState::Queued).await;
@@ -552,7 +595,8 @@ async fn debounce_runs_once_with_the_latest_event_within_max_wait(_p: PgPoolOpti
     init_logs();
     let pool = ledger_pool(&opts).await;
     let f = handler(
-        builder("resync", "changed").debounce(Duration::from_secs(10), Some("/k"), Duration::from_secs(25)),
+        builder("resync", "changed")
+            .debounce(durastep::Debounce::new(Duration::from_secs(10)).key("/k").max_wait(Duration::from_secs(25))),
         pool.clone(),
         Duration::ZERO,
     );
@@ -604,16 +648,18 @@ async fn singleton_skips_the_new_run_or_cancels_the_old_one(_p: PgPoolOptions, o
     init_logs();
     // A run whose event says "hold" waits at its gate; `dropped` opens when its handler is dropped.
     let make = |id: &'static str, mode: SingletonMode, gate: Gate, dropped: Gate| {
-        Function::new(id).on_event(id).singleton(Some("/k"), mode).handler(move |_ctx: Ctx, e: Value| {
-            let (gate, dropped) = (gate.clone(), dropped.clone());
-            async move {
-                if e["hold"] == true {
-                    let _guard = OpenOnDrop(dropped);
-                    gate.wait().await;
+        Function::new(id).on_event(id).singleton(durastep::Singleton::new(mode).key("/k")).handler(
+            move |_ctx: Ctx, e: Value| {
+                let (gate, dropped) = (gate.clone(), dropped.clone());
+                async move {
+                    if e["hold"] == true {
+                        let _guard = OpenOnDrop(dropped);
+                        gate.wait().await;
+                    }
+                    Ok(e["n"].clone())
                 }
-                Ok(e["n"].clone())
-            }
-        })
+            },
+        )
     };
     let (skip_gate, cancel_gate, cancel_dropped) = (Gate::new(), Gate::new(), Gate::new());
     let e = engine(
@@ -645,7 +691,8 @@ async fn singleton_skips_the_new_run_or_cancels_the_old_one(_p: PgPoolOptions, o
     assert_eq!(finished(&e, again).await.output, Some(json!(4)), "no active run: a new one starts");
 
     // Cancel the old one: a new event for a cancels the running run (its worker
-    // drops the handler at its next heartbeat) and the new run starts.
+    // drops the handler when told: by the notification, or at its next
+    // heartbeat) and the new run starts.
     let old = send("cancel", json!({"k": "a", "n": 5, "hold": true})).await;
     wait_for_run_where(&e, old, "the old run to start", |r| r.state == RunState::Running).await;
     let new = send("cancel", json!({"k": "a", "n": 6})).await;
@@ -659,4 +706,423 @@ async fn singleton_skips_the_new_run_or_cancels_the_old_one(_p: PgPoolOptions, o
     assert_eq!((cancelled.state, cancelled.output), (RunState::Cancelled, None), "the old run wrote nothing more");
     let active: i64 = count(&e, "durastep.runs WHERE function_id = 'cancel' AND state = 'completed'").await;
     assert_eq!(active, 1);
+}
+
+/// Debounce merges only into a run that has never started. The first run of
+/// key a starts and fails (backoff 1 h): it is `queued` again, but started. A
+/// new event of key a then makes a new run; the old one keeps its event and
+/// its backoff, and the first event's duplicate still names the old run. Both
+/// runs complete, each with its own event's data. Catches: a debounce index
+/// that matched any `queued` run, so the new event swapped the started run's
+/// input (attempt 2 would run the new data over the old step results), cut
+/// its backoff, and left the first event's duplicate receipt without run ids.
+#[sqlx::test(migrations = false)]
+async fn debounce_never_merges_into_a_run_that_started(_p: PgPoolOptions, opts: PgConnectOptions) {
+    init_logs();
+    let f = Function::new("resync")
+        .on_event("changed")
+        .retries(1)
+        .backoff(durastep::Backoff::Fixed(Duration::from_secs(3600)))
+        .debounce(durastep::Debounce::new(Duration::from_secs(10)).key("/k").max_wait(Duration::from_secs(60)))
+        .handler(|ctx: Ctx, e: Value| async move {
+            let n = e["n"].as_i64().unwrap_or(0);
+            let attempt = ctx.attempt();
+            ctx.step("work", || async move {
+                if n == 1 && attempt == 1 { Err(HandlerError::new("first attempt fails")) } else { Ok(n) }
+            })
+            .await
+        });
+    let e = engine(&opts, vec![f]).await;
+    let w = spawn_worker(&e);
+    let tick = |s: u64| durastep::testing::advance_clock(&e, Duration::from_secs(s));
+    let first = Event::new("changed", &json!({"k": "a", "n": 1})).idempotency_key("first");
+    let sent = e.send(first).await.unwrap();
+    let old = sent.run_ids[0];
+    tick(10).await.unwrap();
+    let retrying =
+        wait_for_run_where(&e, old, "the first attempt to fail", |r| r.state == RunState::Queued && r.attempt == 2)
+            .await;
+
+    let second = e.send(Event::new("changed", &json!({"k": "a", "n": 2}))).await.unwrap();
+    assert_eq!(second.run_ids.len(), 1, "{second:?}");
+    let new = second.run_ids[0];
+    assert_ne!(new, old, "the event merged into a run that had started");
+    let after = e.run(old).await.unwrap();
+    assert_eq!(after.event_id, sent.event_id, "the started run's input was swapped");
+    assert_eq!(after.run_at, retrying.run_at, "the started run's backoff was changed");
+    let again = e.send(Event::new("changed", &json!({"k": "a", "n": 1})).idempotency_key("first")).await.unwrap();
+    assert!(again.duplicate);
+    assert_eq!((again.event_id, again.run_ids), (sent.event_id, vec![old]));
+
+    tick(10).await.unwrap();
+    assert_eq!(finished(&e, new).await.output, Some(json!(2)));
+    tick(3600).await.unwrap();
+    let done = finished(&e, old).await;
+    w.stop().await;
+    assert_eq!((done.output, done.attempt), (Some(json!(1)), 2), "the retried run ran its own event");
+}
+
+/// Three events of one key before the debounced run starts make one run,
+/// carrying the latest; a repeated send of each earlier event (same
+/// idempotency key) still returns that run. Catches: the duplicate receipt of
+/// an event merged away (its run now points at a later event) naming no run.
+#[sqlx::test(migrations = false)]
+async fn a_debounced_events_duplicate_names_the_run_it_merged_into(_p: PgPoolOptions, opts: PgConnectOptions) {
+    init_logs();
+    let f = Function::new("resync")
+        .on_event("changed")
+        .debounce(durastep::Debounce::new(Duration::from_secs(10)).key("/k").max_wait(Duration::from_secs(60)))
+        .handler(|_ctx: Ctx, e: Value| async move { Ok(e["n"].clone()) });
+    let e = engine(&opts, vec![f]).await;
+    let send = |n: i64| {
+        let e = e.clone();
+        async move { e.send(Event::new("changed", &json!({"k": "b", "n": n})).idempotency_key(format!("e{n}"))).await }
+    };
+    let mut receipts = Vec::new();
+    for n in 1..=3 {
+        receipts.push(send(n).await.unwrap());
+    }
+    let run = receipts[0].run_ids.clone();
+    assert_eq!(run.len(), 1);
+    assert!(receipts.iter().all(|r| r.run_ids == run && !r.duplicate), "{receipts:?}");
+    for (n, first) in (1..=3).zip(&receipts) {
+        let again = send(n).await.unwrap();
+        assert!(again.duplicate, "{again:?}");
+        assert_eq!((again.event_id, &again.run_ids), (first.event_id, &run), "event {n}'s duplicate");
+    }
+}
+
+/// How the running attempt of a limited run is cancelled.
+#[derive(Clone, Copy, Debug)]
+enum CancelBy {
+    Engine,
+    CancelOn,
+    FinishTimeout,
+    SingletonCancelOld,
+}
+
+/// A run of key a holds the only slot of its concurrency key and waits inside a
+/// step body in worker A, whose heartbeat does not come within the test; it is
+/// cancelled (`how`), and a new run of key a is sent (for the singleton: the
+/// new event itself cancels the old run). The new run must not start while the
+/// cancelled body still runs: it starts once worker A has dropped the
+/// cancelled handler, which it learns of at once (not at its next heartbeat).
+async fn a_cancelled_body_keeps_its_slot_until_it_stops(opts: PgConnectOptions, how: CancelBy) {
+    init_logs();
+    let (entered, gate, dropped) = (Gate::new(), Gate::new(), Gate::new());
+    let overlapped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let make = || {
+        let (entered, gate, dropped, overlapped) = (entered.clone(), gate.clone(), dropped.clone(), overlapped.clone());
+        let b = Function::new("limited").on_event("limited").concurrency(durastep::Concurrency::new(1).key("/k"));
+        let b = match how {
+            CancelBy::SingletonCancelOld => b.singleton(durastep::Singleton::new(SingletonMode::CancelOld).key("/k")),
+            _ => {
+                b.cancel_on(durastep::CancelOn::event("limited/stop").key("/k")).finish_timeout(Duration::from_secs(30))
+            }
+        };
+        b.handler(move |ctx: Ctx, e: Value| {
+            let (entered, gate, dropped, overlapped) =
+                (entered.clone(), gate.clone(), dropped.clone(), overlapped.clone());
+            async move {
+                if e["hold"] == true {
+                    ctx.step("held", || async {
+                        let _guard = OpenOnDrop(dropped);
+                        entered.open();
+                        gate.wait().await;
+                        Ok(())
+                    })
+                    .await?;
+                } else if !dropped.is_open() {
+                    overlapped.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                Ok(e["n"].clone())
+            }
+        })
+    };
+    let engine_a = engine_with(&opts, vec![make()], stalling_options()).await;
+    let wa = spawn_worker(&engine_a);
+    // Worker A listens before anything is cancelled (a notification sent
+    // before would be missed, and its 30 s heartbeat is out of the test's reach).
+    wait_until("worker A to listen for cancels", || async {
+        let listening = "pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                         AND query LIKE '%LISTEN%durastep_cancelled%'";
+        count(&engine_a, listening).await >= 1
+    })
+    .await;
+    let old = engine_a.send(Event::new("limited", &json!({"k": "a", "n": 1, "hold": true}))).await.unwrap().run_ids[0];
+    entered.reached("the first run's body").await;
+    let engine_b = engine(&opts, vec![make()]).await;
+    let wb = spawn_worker(&engine_b);
+
+    let new_event = Event::new("limited", &json!({"k": "a", "n": 2}));
+    let new = match how {
+        CancelBy::Engine => {
+            engine_b.cancel(old, "operator").await.unwrap();
+            engine_b.send(new_event).await.unwrap().run_ids[0]
+        }
+        CancelBy::CancelOn => {
+            engine_b.send(Event::new("limited/stop", &json!({"k": "a"}))).await.unwrap();
+            engine_b.send(new_event).await.unwrap().run_ids[0]
+        }
+        CancelBy::FinishTimeout => {
+            // Past the 30 s finish timeout, well within the stalled worker's 60 s lease.
+            durastep::testing::advance_clock(&engine_b, Duration::from_secs(31)).await.unwrap();
+            engine_b.reap_expired_leases().await.unwrap();
+            engine_b.send(new_event).await.unwrap().run_ids[0]
+        }
+        CancelBy::SingletonCancelOld => engine_b.send(new_event).await.unwrap().run_ids[0],
+    };
+    let cancelled = engine_b.run(old).await.unwrap();
+    assert_eq!(cancelled.state, RunState::Cancelled, "{how:?}: {cancelled:?}");
+    let done = finished(&engine_b, new).await;
+    assert_eq!((done.state, done.output), (RunState::Completed, Some(json!(2))), "{how:?}");
+    assert!(
+        !overlapped.load(std::sync::atomic::Ordering::SeqCst),
+        "{how:?}: the new run started while the cancelled body still ran"
+    );
+    assert!(dropped.is_open());
+    wa.stop().await;
+    wb.stop().await;
+    let in_use: i64 = sqlx::query_scalar("SELECT coalesce(sum(in_use), 0)::bigint FROM durastep.flow_keys")
+        .fetch_one(engine_b.pool())
+        .await
+        .unwrap();
+    assert_eq!(in_use, 0, "{how:?}: slots not given back");
+    assert_eq!(step_row(&engine_b, old, "held").await, None, "{how:?}: the cancelled body's result was stored");
+}
+
+/// Catches: `Engine::cancel` giving the slot back while the cancelled body ran
+/// on (a new run of the key started at once: two bodies on a limit of one).
+#[sqlx::test(migrations = false)]
+async fn a_body_cancelled_by_the_engine_keeps_its_slot_until_it_stops(_p: PgPoolOptions, opts: PgConnectOptions) {
+    a_cancelled_body_keeps_its_slot_until_it_stops(opts, CancelBy::Engine).await;
+}
+
+/// Catches: as above, for a `cancel_on` event.
+#[sqlx::test(migrations = false)]
+async fn a_body_cancelled_by_cancel_on_keeps_its_slot_until_it_stops(_p: PgPoolOptions, opts: PgConnectOptions) {
+    a_cancelled_body_keeps_its_slot_until_it_stops(opts, CancelBy::CancelOn).await;
+}
+
+/// Catches: as above, for a finish timeout.
+#[sqlx::test(migrations = false)]
+async fn a_body_cancelled_by_its_finish_timeout_keeps_its_slot_until_it_stops(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    a_cancelled_body_keeps_its_slot_until_it_stops(opts, CancelBy::FinishTimeout).await;
+}
+
+/// Catches: as above, for a singleton `CancelOld` replacing the running run.
+#[sqlx::test(migrations = false)]
+async fn a_body_cancelled_by_a_singleton_keeps_its_slot_until_it_stops(_p: PgPoolOptions, opts: PgConnectOptions) {
+    a_cancelled_body_keeps_its_slot_until_it_stops(opts, CancelBy::SingletonCancelOld).await;
+}
+
+/// A cancelled run whose worker cannot learn of the cancel (no LISTEN, no
+/// heartbeat within the test: a stalled worker) keeps its slot until its lease
+/// lapses; then the reaper gives the slot back and the next run starts.
+/// Catches: the cancel giving the slot back at once, and a slot that a
+/// cancelled attempt of a lost worker would keep for good.
+#[sqlx::test(migrations = false)]
+async fn a_cancelled_attempt_of_a_stalled_worker_keeps_its_slot_until_its_lease_lapses(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    init_logs();
+    let (entered, gate) = (Gate::new(), Gate::new());
+    let make = || {
+        let (entered, gate) = (entered.clone(), gate.clone());
+        Function::new("limited").on_event("limited").concurrency(durastep::Concurrency::new(1).key("/k")).handler(
+            move |ctx: Ctx, e: Value| {
+                let (entered, gate) = (entered.clone(), gate.clone());
+                async move {
+                    if e["hold"] == true {
+                        ctx.step("held", || async {
+                            entered.open();
+                            gate.wait().await;
+                            Ok(())
+                        })
+                        .await?;
+                    }
+                    Ok(e["n"].clone())
+                }
+            },
+        )
+    };
+    let stalled = WorkerOptions { listen: false, ..stalling_options() };
+    let engine_a = engine_with(&opts, vec![make()], stalled).await;
+    let wa = spawn_worker(&engine_a);
+    let old = engine_a.send(Event::new("limited", &json!({"k": "a", "n": 1, "hold": true}))).await.unwrap().run_ids[0];
+    entered.reached("the first run's body").await;
+    let engine_b = engine(&opts, vec![make()]).await;
+    let wb = spawn_worker(&engine_b);
+    engine_b.cancel(old, "operator").await.unwrap();
+    let new = engine_b.send(Event::new("limited", &json!({"k": "a", "n": 2}))).await.unwrap().run_ids[0];
+    stays(&engine_b, new, Duration::from_millis(500), "queued while the cancelled body may run", |r| {
+        r.state == RunState::Queued
+    })
+    .await;
+    durastep::testing::advance_clock(&engine_b, LONG_LEASE + Duration::from_secs(1)).await.unwrap();
+    engine_b.reap_expired_leases().await.unwrap();
+    let done = finished(&engine_b, new).await;
+    assert_eq!((done.state, done.output), (RunState::Completed, Some(json!(2))));
+    gate.open();
+    wa.stop().await;
+    wb.stop().await;
+    let in_use: i64 = sqlx::query_scalar("SELECT coalesce(sum(in_use), 0)::bigint FROM durastep.flow_keys")
+        .fetch_one(engine_b.pool())
+        .await
+        .unwrap();
+    assert_eq!(in_use, 0, "slots not given back");
+    let old = engine_b.run(old).await.unwrap();
+    assert_eq!((old.state, old.output.clone()), (RunState::Cancelled, None), "{old:?}");
+}
+
+/// A cancelled run whose body still runs (its worker is stalled: it learns of
+/// the cancel only when the body's next write is fenced) is replayed at once.
+/// The replayed run must not start beside that body: it stays queued, not due,
+/// holding its slot, until the old body stops; then it starts and completes,
+/// and only one body of the key (and of the run) ever ran at a time.
+/// Catches: a replay that cleared the cancelled attempt's worker and lease, so
+/// the run was claimed again while its cancelled body ran on (found by the
+/// randomized workload's soak tier as two bodies of one run at once).
+#[sqlx::test(migrations = false)]
+async fn a_run_replayed_while_its_cancelled_body_runs_waits_for_it_to_stop(_p: PgPoolOptions, opts: PgConnectOptions) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    init_logs();
+    let (entered, gate) = (Gate::new(), Gate::new());
+    let inside = std::sync::Arc::new(AtomicUsize::new(0));
+    let most = std::sync::Arc::new(AtomicUsize::new(0));
+    struct Leave(std::sync::Arc<AtomicUsize>);
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let make = || {
+        let (entered, gate, inside, most) = (entered.clone(), gate.clone(), inside.clone(), most.clone());
+        Function::new("limited").on_event("limited").concurrency(durastep::Concurrency::new(1).key("/k")).handler(
+            move |ctx: Ctx, _e: Value| {
+                let (entered, gate, inside, most) = (entered.clone(), gate.clone(), inside.clone(), most.clone());
+                async move {
+                    let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    let _leave = Leave(inside.clone());
+                    most.fetch_max(n, Ordering::SeqCst);
+                    ctx.step("held", || async {
+                        entered.open();
+                        gate.wait().await;
+                        Ok(())
+                    })
+                    .await?;
+                    Ok(json!("done"))
+                }
+            },
+        )
+    };
+    let stalled = WorkerOptions { listen: false, ..stalling_options() };
+    let engine_a = engine_with(&opts, vec![make()], stalled).await;
+    let wa = spawn_worker(&engine_a);
+    let old = engine_a.send(Event::new("limited", &json!({"k": "a"}))).await.unwrap().run_ids[0];
+    entered.reached("the first attempt's body").await;
+    let engine_b = engine(&opts, vec![make()]).await;
+    let wb = spawn_worker(&engine_b);
+    engine_b.cancel(old, "operator").await.unwrap();
+    let replayed = engine_b.replay(old, durastep::ReplayFrom::Start).await.unwrap();
+    assert_eq!(replayed.state, RunState::Queued, "{replayed:?}");
+    let (due, in_use): (bool, i64) = sqlx::query_as(
+        "SELECT r.run_at <= durastep.now(), (SELECT coalesce(sum(in_use), 0)::bigint FROM durastep.flow_keys)
+           FROM durastep.runs r WHERE r.id = $1",
+    )
+    .bind(old)
+    .fetch_one(engine_b.pool())
+    .await
+    .unwrap();
+    assert!(!due, "the replayed run is due while its cancelled body runs");
+    assert_eq!(in_use, 1, "the cancelled body's slot was given back while it runs");
+    stays(&engine_b, old, Duration::from_millis(500), "queued while the cancelled body runs", |r| {
+        r.state == RunState::Queued
+    })
+    .await;
+    // The old body ends; its checkpoint is fenced, its worker ends the attempt
+    // and the replayed run starts at once.
+    gate.open();
+    let done = finished(&engine_b, old).await;
+    assert_eq!((done.state, done.output.clone()), (RunState::Completed, Some(json!("done"))), "{done:?}");
+    assert_eq!(most.load(Ordering::SeqCst), 1, "two bodies of the run at once");
+    wa.stop().await;
+    wb.stop().await;
+    let in_use: i64 = sqlx::query_scalar("SELECT coalesce(sum(in_use), 0)::bigint FROM durastep.flow_keys")
+        .fetch_one(engine_b.pool())
+        .await
+        .unwrap();
+    assert_eq!(in_use, 0, "slots not given back");
+}
+
+/// Clears its flag when dropped, 300 ms late.
+struct StopsSlowly(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopsSlowly {
+    fn drop(&mut self) {
+        std::thread::sleep(Duration::from_millis(300));
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A handler runs two steps at once (`join!`): `fails` fails while the body of
+/// `slow` runs, and that body takes 300 ms to stop once it is dropped. The attempt's failure, which gives
+/// back the key's slot, is written only once the handler (with `slow`'s body)
+/// has been dropped, so the next run of the key never starts beside it.
+/// Catches: the failure written right after the handler was aborted, while a
+/// body of another branch still ran (two bodies on a limit of one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_attempt_gives_back_its_slot_only_when_every_branch_has_stopped() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let inside = std::sync::Arc::new(AtomicBool::new(false));
+    let overlapped = std::sync::Arc::new(AtomicBool::new(false));
+    let (i2, o2) = (inside.clone(), overlapped.clone());
+    let f =
+        Function::new("pair").on_event("pair").retries(0).concurrency(durastep::Concurrency::new(1).key("/k")).handler(
+            move |ctx: Ctx, e: Value| {
+                let (inside, overlapped) = (i2.clone(), o2.clone());
+                async move {
+                    if e["first"] != true {
+                        if inside.load(Ordering::SeqCst) {
+                            overlapped.store(true, Ordering::SeqCst);
+                        }
+                        return Ok(json!("second"));
+                    }
+                    let entered = Gate::new();
+                    let in_slow = entered.clone();
+                    // Fails once `slow`'s body is running.
+                    let fails = ctx.step("fails", || async move {
+                        entered.wait().await;
+                        Err::<(), _>(durastep::HandlerError::new("fails"))
+                    });
+                    let inside = inside.clone();
+                    let slow = ctx.step("slow", move || async move {
+                        inside.store(true, Ordering::SeqCst);
+                        // A body that takes a while to stop once dropped (its
+                        // clean-up blocks), as a body busy on its thread would.
+                        let _stopping = StopsSlowly(inside);
+                        in_slow.open();
+                        // Runs until the attempt drops it.
+                        std::future::pending::<()>().await;
+                        Ok(())
+                    });
+                    let (a, b) = tokio::join!(fails, slow);
+                    a?;
+                    b?;
+                    Ok(json!("first"))
+                }
+            },
+        );
+    let t = durastep::testing::TestEngine::builder().function(f).build().await.unwrap();
+    let first = t.engine().send(Event::new("pair", &json!({"k": "a", "first": true}))).await.unwrap().run_ids[0];
+    let second = t.engine().send(Event::new("pair", &json!({"k": "a"}))).await.unwrap().run_ids[0];
+    let runs = t.wait_for_runs(&[first, second], Duration::from_secs(60)).await.unwrap();
+    assert_eq!(runs[0].state, RunState::Failed, "{:?}", runs[0]);
+    assert_eq!(runs[1].state, RunState::Completed, "{:?}", runs[1]);
+    assert!(!overlapped.load(Ordering::SeqCst), "the second run started while the first run's `slow` body ran");
+    t.shutdown().await;
 }

@@ -189,7 +189,7 @@ async fn hostile_events_are_refused_before_any_sql(_p: PgPoolOptions, opts: PgCo
 #[sqlx::test(migrations = false)]
 async fn configured_limits_are_enforced(_p: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPoolOptions::new().max_connections(2).connect_with(opts.clone()).await.expect("connect");
-    let limits = Limits { max_payload_bytes: 100, max_depth: 2, max_key_bytes: 12 };
+    let limits = Limits { max_payload_bytes: 100, max_depth: 2, max_key_bytes: 12, ..Limits::default() };
     let engine = Engine::builder().pool(pool).limits(limits).function(echo()).build().await.expect("engine");
     let before = counts(engine.pool()).await;
     let cases: Vec<(Event, Result<(), LimitError>)> = vec![
@@ -299,6 +299,7 @@ fn seeded_hostile_inputs_get_the_right_verdict() {
             max_payload_bytes: [64, 1024, 1024 * 1024][rng.below(3) as usize],
             max_depth: rng.below(100) as usize,
             max_key_bytes: rng.below(600) as usize,
+            ..Limits::default()
         };
         let text = rng.json_text(0);
         let parsed = serde_json::from_str::<Value>(&text);
@@ -403,11 +404,9 @@ async fn run_as(app: &PgConnectOptions) -> Result<(), String> {
     // ... but runs everything else.
     let steps = Function::new("steps").on_event("role/go").handler(|ctx: Ctx, n: i64| async move {
         let a: i64 = ctx.step("one", || async move { Ok(n + 1) }).await?;
-        ctx.step_tx("log", |conn| {
-            Box::pin(async move {
-                sqlx::query("INSERT INTO public.app_log (id) VALUES ($1)").bind(a).execute(&mut *conn).await?;
-                Ok(())
-            })
+        ctx.step_tx("log", async move |conn| {
+            sqlx::query("INSERT INTO public.app_log (id) VALUES ($1)").bind(a).execute(&mut *conn).await?;
+            Ok(())
         })
         .await?;
         Ok(a * 10)

@@ -9,9 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use durastep::inspect::{AttemptOutcome, BlockerKind, EventFilter, RunFilter, StepStatus, Why};
-use durastep::{
-    Backoff, Ctx, Engine, Error, Event, EventMatch, Function, HandlerError, ReplayFrom, RunState, WorkerOptions,
-};
+use durastep::{Backoff, Ctx, Engine, Error, Event, Function, HandlerError, ReplayFrom, RunState, WorkerOptions};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -238,22 +236,24 @@ async fn listings_paginate_and_filter(_p: PgPoolOptions, opts: PgConnectOptions)
 async fn blockers_name_what_holds_each_run(_p: PgPoolOptions, opts: PgConnectOptions) {
     let gate = common::Gate::new();
     let g = gate.clone();
-    let capped = Function::new("capped").on_event("capped/go").concurrency(1, Some("/account")).handler(
-        move |_: Ctx, _: Value| {
+    let capped = Function::new("capped")
+        .on_event("capped/go")
+        .concurrency(durastep::Concurrency::new(1).key("/account"))
+        .handler(move |_: Ctx, _: Value| {
             let g = g.clone();
             async move {
                 g.wait().await;
                 Ok(())
             }
-        },
-    );
+        });
     let sleeper = Function::new("sleeper").on_event("sleeper/go").handler(|ctx: Ctx, _: Value| async move {
         ctx.sleep("nap", Duration::from_secs(3600)).await?;
         Ok(())
     });
     let waiter = Function::new("waiter").on_event("waiter/go").handler(|ctx: Ctx, _: Value| async move {
-        let _: Option<Value> =
-            ctx.wait_for_event("approval", "approval/given", EventMatch::any(), Duration::from_secs(60)).await?;
+        let _: Option<Value> = ctx
+            .wait_for_event("approval", durastep::WaitFor::event("approval/given").timeout(Duration::from_secs(60)))
+            .await?;
         Ok(())
     });
     let flaky = Function::new("flaky")
@@ -273,7 +273,7 @@ async fn blockers_name_what_holds_each_run(_p: PgPoolOptions, opts: PgConnectOpt
         .await
         .unwrap()
         .run_ids[0];
-    common::wait_for_run_where(&engine, second, "second parked", |r| r.flow_wait.is_some()).await;
+    common::parked(&engine, second, "second parked").await;
     common::wait_for_run_where(&engine, sleeping, "sleeping", |r| r.state == RunState::Sleeping).await;
     common::wait_for_run_where(&engine, waiting, "waiting", |r| r.state == RunState::Waiting).await;
     common::wait_for_run_where(&engine, backing, "backing off", |r| r.attempt == 2).await;
@@ -354,10 +354,15 @@ async fn prune_deletes_old_finished_runs_with_everything_they_own(_p: PgPoolOpti
         0
     );
     assert_eq!(
+        common::count(&engine, "durastep.step_journal WHERE run_id NOT IN (SELECT id FROM durastep.runs)").await,
+        0
+    );
+    assert_eq!(
         common::count(&engine, "durastep.run_history WHERE run_id NOT IN (SELECT id FROM durastep.runs)").await,
         0
     );
     assert!(common::count(&engine, "durastep.run_history").await > 0);
+    assert!(common::count(&engine, "durastep.step_journal").await > 0);
     assert_eq!(engine.run(napping).await.unwrap().state, RunState::Sleeping);
     assert_eq!(engine.inspect().run(fresh).await.unwrap().steps.len(), 1);
     assert_eq!(engine.prune(Duration::from_secs(86_400)).await.unwrap().runs, 0);
@@ -428,8 +433,9 @@ async fn history_records_reaper_cancel_and_replay_paths(_p: PgPoolOptions, opts:
 async fn prune_keeps_the_children_of_unfinished_parents(_p: PgPoolOptions, opts: PgConnectOptions) {
     let child = Function::new("child").on_event("child/go").handler(|_: Ctx, _: Value| async move { Ok(7) });
     let parent = Function::new("parent").on_event("parent/go").handler(|ctx: Ctx, _: Value| async move {
-        let got: Result<i32, durastep::ChildError> =
-            ctx.invoke("call", "child", &json!({}), Duration::from_secs(600)).await?;
+        let got: Result<i32, durastep::ChildError> = ctx
+            .invoke("call", durastep::Invoke::function("child").input(&json!({})).timeout(Duration::from_secs(600)))
+            .await?;
         let _ = got;
         ctx.sleep("after", Duration::from_secs(10 * 86_400)).await?;
         Ok(())
@@ -448,4 +454,251 @@ async fn prune_keeps_the_children_of_unfinished_parents(_p: PgPoolOptions, opts:
     engine.cancel(id, "done with it").await.unwrap();
     durastep::testing::advance_clock(&engine, Duration::from_secs(2 * 86_400)).await.unwrap();
     assert_eq!(engine.prune(Duration::from_secs(86_400)).await.unwrap().runs, 2);
+}
+
+/// Events merged into a debounced run that has not finished are kept by
+/// pruning (their duplicates still name the run); once the run has finished
+/// and aged, the run and all its events go. Catches: pruning an event merged
+/// away (no run names it in `runs.event_id`) while its run lives, which would
+/// forget its idempotency key (G6, G27).
+#[sqlx::test(migrations = false)]
+async fn prune_keeps_events_merged_into_a_debounced_run_while_the_run_is_kept(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let f = Function::new("resync")
+        .on_event("changed")
+        .debounce(
+            durastep::Debounce::new(Duration::from_secs(3 * 86_400))
+                .key("/k")
+                .max_wait(Duration::from_secs(5 * 86_400)),
+        )
+        .handler(|_: Ctx, e: Value| async move { Ok(e["n"].clone()) });
+    let engine = common::engine(&opts, vec![f]).await;
+    let send = |n: i64| {
+        let engine = engine.clone();
+        async move { engine.send(Event::new("changed", &json!({"k": "a", "n": n})).idempotency_key(format!("e{n}"))).await }
+    };
+    let first = send(1).await.unwrap();
+    let run = first.run_ids[0];
+    assert_eq!(send(2).await.unwrap().run_ids, [run]);
+    durastep::testing::advance_clock(&engine, Duration::from_secs(2 * 86_400)).await.unwrap();
+    let pruned = engine.prune(Duration::from_secs(86_400)).await.unwrap();
+    assert_eq!((pruned.runs, pruned.events), (0, 0), "pruned the events of a debounced run that is kept");
+    let again = send(1).await.unwrap();
+    assert!(again.duplicate);
+    assert_eq!((again.event_id, again.run_ids), (first.event_id, vec![run]));
+
+    // The run starts (3 days after the last event), completes and ages: everything goes.
+    durastep::testing::advance_clock(&engine, Duration::from_secs(86_400)).await.unwrap();
+    let w = common::spawn_worker(&engine);
+    assert_eq!(common::finished(&engine, run).await.output, Some(json!(2)));
+    w.stop().await;
+    durastep::testing::advance_clock(&engine, Duration::from_secs(2 * 86_400)).await.unwrap();
+    let pruned = engine.prune(Duration::from_secs(86_400)).await.unwrap();
+    assert_eq!((pruned.runs, pruned.events), (1, 2), "{pruned:?}");
+    assert_eq!(common::count(&engine, "durastep.debounced_events").await, 0);
+}
+
+/// A run cancelled while running on a worker that cannot learn of it (no
+/// LISTEN, no heartbeat within the test) still holds its concurrency slot:
+/// pruning keeps it (even past the bound), and once a reaper pass has given
+/// the slot back (its lease lapsed), pruning deletes it and the slot count is
+/// 0. Catches: pruning a cancelled run whose attempt still holds a slot (G22,
+/// G32).
+#[sqlx::test(migrations = false)]
+async fn prune_keeps_a_cancelled_run_until_its_attempt_has_stopped(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let (entered, gate) = (common::Gate::new(), common::Gate::new());
+    let (e, g) = (entered.clone(), gate.clone());
+    let f = Function::new("limited").on_event("limited").concurrency(durastep::Concurrency::new(1).key("/k")).handler(
+        move |ctx: Ctx, _: Value| {
+            let (e, g) = (e.clone(), g.clone());
+            async move {
+                ctx.step("held", || async {
+                    e.open();
+                    g.wait().await;
+                    Ok(())
+                })
+                .await
+            }
+        },
+    );
+    let stalled = WorkerOptions { listen: false, ..common::stalling_options() };
+    let engine = common::engine_with(&opts, vec![f], stalled).await;
+    let id = engine.send(Event::new("limited", &json!({"k": "a"}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    entered.reached("the body").await;
+    engine.cancel(id, "operator").await.unwrap();
+    let in_use = || async {
+        sqlx::query_scalar::<_, i64>("SELECT coalesce(sum(in_use), 0)::bigint FROM durastep.flow_keys")
+            .fetch_one(engine.pool())
+            .await
+            .unwrap()
+    };
+    assert_eq!(in_use().await, 1, "the cancel gave the slot back while the body runs");
+    // Past the bound (a day) but not yet reaped: kept.
+    durastep::testing::advance_clock(&engine, Duration::from_secs(2 * 86_400)).await.unwrap();
+    assert_eq!(engine.prune(Duration::from_secs(86_400)).await.unwrap().runs, 0);
+    assert_eq!(in_use().await, 1);
+    // The lease lapsed: a reaper pass gives the slot back; then pruning deletes the run.
+    engine.reap_expired_leases().await.unwrap();
+    assert_eq!(in_use().await, 0);
+    assert_eq!(engine.prune(Duration::from_secs(86_400)).await.unwrap().runs, 1);
+    gate.open();
+    w.stop().await;
+    assert_eq!(in_use().await, 0);
+}
+
+/// The reader role of docs/security.md, run as written: connected with
+/// `Inspector::connect` it reads runs, details, counts (exact and estimated),
+/// blockers, events and functions; it cannot build an engine (registration
+/// writes), replay, cancel or update a run.
+///
+/// Catches: a read-only entry that still migrates or registers (so needs the
+/// runtime role), and a reader grant block that misses what reads need.
+#[sqlx::test(migrations = false)]
+async fn reader_role_reads_everything_and_writes_nothing(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let engine = common::engine(
+        &opts,
+        vec![
+            Function::new("r")
+                .on_event("r/go")
+                .handler(|ctx: Ctx, _: Value| async move { ctx.step("one", || async { Ok(1) }).await }),
+        ],
+    )
+    .await;
+    let _w = common::spawn_worker(&engine);
+    let id = engine.send(Event::new("r/go", &json!({"k": 1}))).await.unwrap().run_ids[0];
+    assert_eq!(common::finished(&engine, id).await.state, RunState::Completed);
+
+    let reader = format!("durastep_reader_{}", uuid::Uuid::new_v4().simple());
+    let admin = PgPoolOptions::new().max_connections(1).connect_with(opts.clone()).await.expect("admin");
+    let grants = reader_grants().replace("durastep_reader", &reader);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE ROLE {reader} LOGIN; {grants}")))
+        .execute(&admin)
+        .await
+        .expect("the reader grants of docs/security.md");
+    let url = common::url_of(&opts.clone().username(&reader));
+    let result = async {
+        let inspector = durastep::inspect::Inspector::connect(&url).await.map_err(|e| format!("connect: {e}"))?;
+        let page = inspector.runs(&RunFilter::new()).await.map_err(|e| format!("runs: {e}"))?;
+        if page.runs.len() != 1 {
+            return Err(format!("runs: {page:?}"));
+        }
+        let d = inspector.run(id).await.map_err(|e| format!("run: {e}"))?;
+        if d.steps.len() != 1 {
+            return Err(format!("steps: {:?}", d.steps));
+        }
+        inspector.why(id).await.map_err(|e| format!("why: {e}"))?;
+        let counts = inspector.counts().await.map_err(|e| format!("counts: {e}"))?;
+        let estimated = inspector.counts_estimated().await.map_err(|e| format!("counts_estimated: {e}"))?;
+        if counts != estimated {
+            return Err(format!("small tables are counted exactly: {counts:?} vs {estimated:?}"));
+        }
+        inspector.blockers(None, 10).await.map_err(|e| format!("blockers: {e}"))?;
+        inspector.per_minute(Duration::from_secs(3600)).await.map_err(|e| format!("per_minute: {e}"))?;
+        inspector.events(&EventFilter::new()).await.map_err(|e| format!("events: {e}"))?;
+        inspector.functions().await.map_err(|e| format!("functions: {e}"))?;
+        inspector.db_now().await.map_err(|e| format!("db_now: {e}"))?;
+        // ... and writes nothing.
+        if Engine::builder().database_url(&url).migrate(false).build().await.is_ok() {
+            return Err("the reader role could build an engine (register functions)".into());
+        }
+        let pool = PgPoolOptions::new().max_connections(1).connect(&url).await.map_err(|e| e.to_string())?;
+        if sqlx::query("UPDATE durastep.runs SET state = 'queued'").execute(&pool).await.is_ok() {
+            return Err("the reader role could update runs".into());
+        }
+        if sqlx::query("DELETE FROM durastep.step_results").execute(&pool).await.is_ok() {
+            return Err("the reader role could delete step results".into());
+        }
+        pool.close().await;
+        Ok::<_, String>(())
+    }
+    .await;
+    for sql in [format!("DROP OWNED BY {reader}"), format!("DROP ROLE {reader}")] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone())).execute(&admin).await.expect(&sql);
+    }
+    result.expect("the reader role of docs/security.md");
+}
+
+/// The reader role's grants: the ```sql block after the marker in docs/security.md.
+fn reader_grants() -> String {
+    let doc = include_str!("../../../docs/security.md");
+    let (_, after) = doc.split_once("<!-- reader-grants -->").expect("marker in docs/security.md");
+    let block = after.split_once("```sql\n").expect("sql block").1;
+    block.split_once("```").expect("end of sql block").0.to_owned()
+}
+
+/// Catches: an overview that counts every run on each reload. Past
+/// `EXACT_COUNT_BELOW` runs, finished states come from the statistics (marked
+/// estimated, close to the truth) and unfinished ones are still exact.
+#[sqlx::test(migrations = false)]
+async fn counts_are_estimated_from_statistics_on_large_tables(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let engine = common::engine(&opts, vec![]).await;
+    let n = durastep::inspect::EXACT_COUNT_BELOW * 2;
+    for sql in [
+        "INSERT INTO durastep.events (id, name, payload, created_at)
+         SELECT md5('e' || i)::uuid, 'x', '{}', durastep.now() FROM generate_series(1, $1::bigint) i",
+        "INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, attempt, max_attempts, created_at,
+                                    finished_at)
+         SELECT md5('r' || i)::uuid, 'f' || (i % 3), md5('e' || i)::uuid,
+                (ARRAY['completed', 'completed', 'failed', 'queued'])[1 + i % 4], durastep.now(), 1, 3,
+                durastep.now(), CASE WHEN i % 4 <> 3 THEN durastep.now() END
+           FROM generate_series(1, $1::bigint) i",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql)).bind(n).execute(engine.pool()).await.expect(sql);
+    }
+    sqlx::query("ANALYZE durastep.runs").execute(engine.pool()).await.expect("analyze");
+    let exact = engine.inspect().counts().await.unwrap();
+    let estimated = engine.inspect().counts_estimated().await.unwrap();
+    assert_eq!(exact.len(), estimated.len(), "{exact:?}\n{estimated:?}");
+    for (e, s) in exact.iter().zip(&estimated) {
+        assert_eq!((&e.function_id, e.state), (&s.function_id, s.state));
+        if e.state.is_finished() {
+            assert!(s.estimated, "{s:?}");
+            let off = (s.count - e.count).abs() as f64 / e.count as f64;
+            assert!(off < 0.1, "estimate {s:?} against {e:?}");
+        } else {
+            assert_eq!((s.count, s.estimated), (e.count, false), "{s:?}");
+        }
+    }
+}
+
+/// Step results and journal entries have no foreign key on their run (the
+/// fenced writes make it redundant, migration 0016): a DELETE of runs, by any
+/// path, and a TRUNCATE of runs still take them along.
+/// Catches: a statement on runs that would leave orphaned step rows behind.
+#[sqlx::test(migrations = false)]
+async fn deleting_or_truncating_runs_takes_their_steps_along(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let f = Function::new("two").on_event("two/go").handler(|ctx: Ctx, _: Value| async move {
+        ctx.step("a", || async { Ok(1) }).await?;
+        ctx.step("b", || async { Ok(2) }).await?;
+        Ok(())
+    });
+    let engine = common::engine(&opts, vec![f]).await;
+    let ids: Vec<_> = engine
+        .send_batch((0..4).map(|i| Event::new("two/go", &json!({"i": i}))).collect())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_ids[0])
+        .collect();
+    let w = common::spawn_worker(&engine);
+    for id in &ids {
+        common::finished(&engine, *id).await;
+    }
+    w.stop().await;
+    assert_eq!(common::count(&engine, "durastep.step_results").await, 8);
+    assert_eq!(common::count(&engine, "durastep.step_journal").await, 8);
+    sqlx::query("DELETE FROM durastep.runs WHERE id = $1").bind(ids[0]).execute(engine.pool()).await.unwrap();
+    assert_eq!(common::count(&engine, "durastep.step_results").await, 6);
+    assert_eq!(common::count(&engine, "durastep.step_journal").await, 6);
+    sqlx::query("TRUNCATE durastep.runs CASCADE").execute(engine.pool()).await.unwrap();
+    assert_eq!(common::count(&engine, "durastep.step_results").await, 0);
+    assert_eq!(common::count(&engine, "durastep.step_journal").await, 0);
+    // Listing the step tables in the same TRUNCATE works too.
+    sqlx::query("TRUNCATE durastep.events, durastep.runs, durastep.step_results, durastep.step_journal CASCADE")
+        .execute(engine.pool())
+        .await
+        .unwrap();
 }

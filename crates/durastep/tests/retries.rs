@@ -30,7 +30,7 @@ async fn due_in(engine: &Engine, run: &Run) -> Duration {
     (run.run_at - now).to_std().unwrap_or_default()
 }
 
-async fn queued_for_attempt(engine: &Engine, id: Uuid, attempt: i32) -> Run {
+async fn queued_for_attempt(engine: &Engine, id: Uuid, attempt: u32) -> Run {
     common::wait_for_run_where(engine, id, &format!("attempt {attempt} to be queued"), |r| {
         r.state == RunState::Queued && r.attempt == attempt
     })
@@ -407,7 +407,8 @@ async fn on_failure_runs_once_for_a_permanent_failure(_p: PgPoolOptions, opts: P
     assert_eq!((seen[0].run_id, seen[0].attempts, seen[0].error.as_str()), (id, 1, "no such debtor"));
 }
 
-/// A run whose worker is lost on its last attempt is failed by the reaper, and
+/// A run whose worker is lost once more than its lease-loss budget allows (0
+/// here) is failed by the reaper, and
 /// its on_failure runs once; the lost attempt, when it comes back, cannot
 /// complete the dead run. Catches: an on_failure that only the worker's failure
 /// path starts (the trigger must fire whichever path fails the run).
@@ -417,16 +418,19 @@ async fn on_failure_runs_once_when_the_reaper_fails_the_run(_p: PgPoolOptions, o
     let log = Arc::new(FailureLog::default());
     let (entered, gate) = (Gate::new(), Gate::new());
     let (e2, g2) = (entered.clone(), gate.clone());
-    let f = Function::new("exact-sync").on_event("go").retries(0).on_failure(on_call(log.clone(), false)).handler(
-        move |_ctx: Ctx, _: ()| {
+    let f = Function::new("exact-sync")
+        .on_event("go")
+        .retries(0)
+        .lease_losses(0)
+        .on_failure(on_call(log.clone(), false))
+        .handler(move |_ctx: Ctx, _: ()| {
             let (e2, g2) = (e2.clone(), g2.clone());
             async move {
                 e2.open();
                 g2.wait().await; // the worker "hangs" here
                 Ok("finished too late")
             }
-        },
-    );
+        });
     let options = WorkerOptions { max_in_flight: 2, ..common::stalling_options() };
     let engine = common::engine_with(&opts, vec![f], options).await;
     let id = engine.send(Event::new("go", &())).await.unwrap().run_ids[0];
@@ -437,7 +441,10 @@ async fn on_failure_runs_once_when_the_reaper_fails_the_run(_p: PgPoolOptions, o
     assert_eq!(engine.reap_expired_leases().await.unwrap(), 1);
     let run = engine.run(id).await.unwrap();
     assert_eq!((run.state, run.attempt), (RunState::Failed, 1), "{run:?}");
-    assert_eq!(run.last_error.as_deref(), Some("lease expired: the worker was lost during attempt 1"));
+    assert_eq!(
+        run.last_error.as_deref(),
+        Some("lease expired: the worker was lost during attempt 1 (lost leases: 1, over the budget of 0)")
+    );
 
     common::wait_until("the failure handler to finish", || async { !log.seen.lock().unwrap().is_empty() }).await;
     gate.open(); // the lost attempt comes back and tries to complete

@@ -33,15 +33,13 @@ async fn step_tx_writes_once_when_a_later_step_is_retried(_p: PgPoolOptions, opt
             let (t2, f2) = (t2.clone(), f2.clone());
             async move {
                 let id: i64 = ctx
-                    .step_tx("log", move |conn| {
-                        Box::pin(async move {
-                            t2.fetch_add(1, Ordering::SeqCst);
-                            let id = sqlx::query_scalar("INSERT INTO ledger (note) VALUES ($1) RETURNING id")
-                                .bind(format!("pushed {amount}"))
-                                .fetch_one(&mut *conn)
-                                .await?;
-                            Ok(id)
-                        })
+                    .step_tx("log", async move |conn| {
+                        t2.fetch_add(1, Ordering::SeqCst);
+                        let id = sqlx::query_scalar("INSERT INTO ledger (note) VALUES ($1) RETURNING id")
+                            .bind(format!("pushed {amount}"))
+                            .fetch_one(&mut *conn)
+                            .await?;
+                        Ok(id)
                     })
                     .await?;
                 ctx.step("notify", || async {
@@ -83,18 +81,16 @@ async fn step_tx_error_rolls_back_its_writes(_p: PgPoolOptions, opts: PgConnectO
             move |ctx: Ctx, _: ()| async move {
                 let attempt = ctx.attempt();
                 let function = ctx.function_id().to_owned();
-                ctx.step_tx("log", move |conn| {
-                    Box::pin(async move {
-                        sqlx::query("INSERT INTO ledger (note) VALUES ($1)")
-                            .bind(format!("{function} attempt {attempt}"))
-                            .execute(&mut *conn)
-                            .await?;
-                        match (permanent, attempt) {
-                            (true, _) => Err(HandlerError::permanent("refused after writing")),
-                            (false, 1) => Err(HandlerError::new("failed after writing")),
-                            _ => Ok(()),
-                        }
-                    })
+                ctx.step_tx("log", async move |conn| {
+                    sqlx::query("INSERT INTO ledger (note) VALUES ($1)")
+                        .bind(format!("{function} attempt {attempt}"))
+                        .execute(&mut *conn)
+                        .await?;
+                    match (permanent, attempt) {
+                        (true, _) => Err(HandlerError::permanent("refused after writing")),
+                        (false, 1) => Err(HandlerError::new("failed after writing")),
+                        _ => Ok(()),
+                    }
                 })
                 .await
             },
@@ -136,17 +132,15 @@ async fn fenced_step_tx_rolls_back_its_writes(_p: PgPoolOptions, opts: PgConnect
                     h.hold(attempt).await;
                 }
                 let h2 = h.clone();
-                ctx.step_tx("log", move |conn| {
-                    Box::pin(async move {
-                        sqlx::query("INSERT INTO ledger (note) VALUES ($1)")
-                            .bind(format!("attempt {attempt}"))
-                            .execute(&mut *conn)
-                            .await?;
-                        if attempt == 1 {
-                            h2.hold(attempt).await; // the lease is lost while the transaction is open
-                        }
-                        Ok(attempt)
-                    })
+                ctx.step_tx("log", async move |conn| {
+                    sqlx::query("INSERT INTO ledger (note) VALUES ($1)")
+                        .bind(format!("attempt {attempt}"))
+                        .execute(&mut *conn)
+                        .await?;
+                    if attempt == 1 {
+                        h2.hold(attempt).await; // the lease is lost while the transaction is open
+                    }
+                    Ok(attempt)
                 })
                 .await
             }

@@ -268,3 +268,47 @@ async fn concurrent_steps_keep_deterministic_keys_across_a_retry(_p: PgPoolOptio
         ]
     );
 }
+
+/// `step_with_key` hands each step its own idempotency key, `<run id>:<step
+/// key>`: the same on every execution of that step (a retry after its body
+/// failed gets the same key), different for a second step of the same name.
+/// Catches: one key for every step of a name (the hand-formatted
+/// `format!("{}:charge", ctx.idempotency_key())` that made two charges one),
+/// or a key that changes between attempts.
+#[sqlx::test(migrations = false)]
+async fn step_with_key_hands_each_step_its_own_stable_key(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let keys = Arc::new(Mutex::new(Vec::<String>::new()));
+    let k = keys.clone();
+    let f = Function::new("charge-twice").on_event("go").backoff(Backoff::Fixed(Duration::ZERO)).handler(
+        move |ctx: Ctx, _: ()| {
+            let k = k.clone();
+            async move {
+                let k2 = k.clone();
+                ctx.step_with_key("charge", |key| async move {
+                    let mut seen = k2.lock().unwrap();
+                    seen.push(key);
+                    if seen.len() == 1 {
+                        return Err(HandlerError::new("payment API timed out"));
+                    }
+                    Ok(())
+                })
+                .await?;
+                ctx.step_with_key("charge", |key| async move {
+                    k.lock().unwrap().push(key);
+                    Ok(())
+                })
+                .await
+            }
+        },
+    );
+    let engine = common::engine(&opts, vec![f]).await;
+    let id = engine.send(Event::new("go", &())).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    let run = common::finished(&engine, id).await;
+    w.stop().await;
+
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    let keys = keys.lock().unwrap().clone();
+    assert_eq!(keys, [format!("{id}:charge"), format!("{id}:charge"), format!("{id}:charge#2")]);
+}

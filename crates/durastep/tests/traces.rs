@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durastep::{Ctx, Event, EventMatch, Function, HandlerError};
+use durastep::{Ctx, Event, Function, HandlerError};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tracing::span;
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -63,13 +63,14 @@ async fn step_spans_carry_run_function_attempt_and_step(_p: PgPoolOptions, opts:
     let _subscriber = tracing::subscriber::set_default(tracing_subscriber::registry().with(log.clone()));
     let f = Function::new("t-spans").on_event("go").handler(|ctx: Ctx, _: ()| async move {
         // Suspends the first execution; the second replays it (a second `wait` span).
-        let _: Option<bool> =
-            ctx.wait_for_event("approval", "t/approved", EventMatch::any(), Duration::from_secs(60)).await?;
+        let _: Option<bool> = ctx
+            .wait_for_event("approval", durastep::WaitFor::event("t/approved").timeout(Duration::from_secs(60)))
+            .await?;
         ctx.step("fetch", || async { Ok(1) }).await?;
         ctx.step("fetch", || async { Ok(2) }).await?;
         let spawned = tokio::spawn(ctx.step("spawned", || async { Ok(3) }));
         spawned.await.map_err(|e| HandlerError::new(e.to_string()))??;
-        ctx.step_tx("log", |_conn| Box::pin(async { Ok(4) })).await?;
+        ctx.step_tx("log", async |_conn| Ok(4)).await?;
         ctx.sleep("nap", Duration::ZERO).await?;
         Ok(())
     });

@@ -19,7 +19,12 @@ const HOUR: Duration = Duration::from_secs(3600);
 fn approver() -> Function {
     Function::new("approver").on_event("campaign/created").handler(|ctx: Ctx, c: Value| async move {
         let got: Option<Value> = ctx
-            .wait_for_event("approval", "campaign/approved", EventMatch::field("/campaign_id", &c["campaign_id"]), HOUR)
+            .wait_for_event(
+                "approval",
+                durastep::WaitFor::event("campaign/approved")
+                    .matching(EventMatch::field("/campaign_id", &c["campaign_id"]))
+                    .timeout(HOUR),
+            )
             .await?;
         // A step after the wait: replays must return the same outcome.
         let seen = ctx.step("record", || async { Ok(got.clone()) }).await?;
@@ -113,7 +118,8 @@ async fn an_event_just_before_the_wait_does_not_count(_p: PgPoolOptions, opts: P
                 Ok(())
             })
             .await?;
-            let got: Option<Value> = ctx.wait_for_event("reply", "reply", EventMatch::any(), HOUR).await?;
+            let got: Option<Value> =
+                ctx.wait_for_event("reply", durastep::WaitFor::event("reply").timeout(HOUR)).await?;
             Ok(got)
         }
     });
@@ -194,8 +200,14 @@ async fn event_and_wait_racing_never_lose_a_wake_up(_p: PgPoolOptions, opts: PgC
             struct Reply {
                 i: u32,
             }
-            let got: Option<Reply> =
-                ctx.wait_for_event("reply", &format!("race/reply-{i}"), EventMatch::field("/i", &i), HOUR).await?;
+            let got: Option<Reply> = ctx
+                .wait_for_event(
+                    "reply",
+                    durastep::WaitFor::event(format!("race/reply-{i}"))
+                        .matching(EventMatch::field("/i", &i))
+                        .timeout(HOUR),
+                )
+                .await?;
             Ok(got.map(|r| r.i))
         }
     });
@@ -255,7 +267,7 @@ async fn spin(d: Duration) {
 async fn an_event_with_null_data_resumes_the_wait(_p: PgPoolOptions, opts: PgConnectOptions) {
     let f = durastep::Function::new("pinged").on_event("start").handler(|ctx: durastep::Ctx, _: ()| async move {
         let got: Option<()> =
-            ctx.wait_for_event("ping", "ping", durastep::EventMatch::any(), Duration::from_secs(600)).await?;
+            ctx.wait_for_event("ping", durastep::WaitFor::event("ping").timeout(Duration::from_secs(600))).await?;
         Ok(got.is_some())
     });
     let engine = common::engine(&opts, vec![f]).await;

@@ -26,6 +26,8 @@ pub enum CrashPoint {
     MetaPushSent,
     /// Between Meta's `push` (checkpointed) and `log` steps (`meta-before-log`).
     MetaBeforeLog,
+    /// In the finance import, right after row N's checkpoint (`finance-after-row-N`).
+    FinanceAfterRow(u32),
 }
 
 impl CrashPoint {
@@ -34,7 +36,7 @@ impl CrashPoint {
         match s {
             "meta-push-sent" => Some(CrashPoint::MetaPushSent),
             "meta-before-log" => Some(CrashPoint::MetaBeforeLog),
-            _ => None,
+            _ => s.strip_prefix("finance-after-row-").and_then(|n| n.parse().ok()).map(CrashPoint::FinanceAfterRow),
         }
     }
 }
@@ -49,10 +51,16 @@ pub struct Settings {
     /// Shadow mode for Meta: the new function runs beside the old writer and
     /// records whether they agree, writing nothing to Meta.
     pub meta_shadow: bool,
+    /// Shadow mode for TikTok: the shadow function runs beside the old writer
+    /// and records what its write would have been (amount and time) against
+    /// the old writer's, writing nothing to TikTok (the story's shadow week).
+    pub tiktok_shadow: bool,
     /// In shadow mode, how long to wait (durably) for the old writer before reading Meta back.
     pub shadow_settle: Duration,
     /// A deliberate crash, for the crash tests.
     pub crash_at: Option<CrashPoint>,
+    /// How long a flagged finance row waits for an accountant before it expires.
+    pub review_period: Duration,
 }
 
 impl Settings {
@@ -62,8 +70,10 @@ impl Settings {
             endpoints,
             on_call_channel: "#media-on-call".to_owned(),
             meta_shadow: false,
+            tiktok_shadow: false,
             shadow_settle: Duration::from_secs(120),
             crash_at: None,
+            review_period: crate::functions::finance::REVIEW_PERIOD,
         }
     }
 }

@@ -11,11 +11,22 @@ use crate::functions::{self, Services};
 use crate::{Error, Settings, store};
 
 /// The server the demo uses when `DATABASE_URL` is not set.
-pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub const DEFAULT_URL: &str = durastep_localpg::DEFAULT_URL;
 
 /// `DATABASE_URL`, or [`DEFAULT_URL`].
 pub fn server_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
+    durastep_localpg::database_url()
+}
+
+/// The server of [`server_url`]; when nothing answers at that (local)
+/// address, a throwaway cluster from the installed server binaries, announced
+/// on stderr and removed when the handle drops. Keep the handle while you use it.
+pub async fn server() -> Result<durastep_localpg::LocalDatabase, Error> {
+    let server = durastep_localpg::LocalDatabase::resolve(&server_url()).await?;
+    if let Some(notice) = server.notice() {
+        eprintln!("{notice}");
+    }
+    Ok(server)
 }
 
 /// Drops and recreates database `name` on the server at `url` (so that every

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::functions::SUMMARY_CRON;
 use crate::sim::{SimClock, Simulators};
+use crate::units::{human, human_secs};
 use crate::{Error, Platform, Settings, database, founder, store};
 
 /// The demo's own database.
@@ -26,10 +27,10 @@ pub const DATABASE: &str = "durastep_media_buying";
 /// How long the demo may wait for any one phase.
 const PHASE_LIMIT: Duration = Duration::from_secs(40);
 
-struct Clock(Instant);
+pub(crate) struct Clock(pub(crate) Instant);
 
 impl Clock {
-    fn say(&self, text: &str) {
+    pub(crate) fn say(&self, text: &str) {
         println!("[{:>5.1} s] {text}", self.0.elapsed().as_secs_f64());
     }
 }
@@ -61,8 +62,9 @@ fn clients() -> Vec<Client> {
 /// Runs the demo.
 pub async fn run() -> Result<(), Error> {
     let clock = Clock(Instant::now());
-    let url = database::server_url();
-    let options = database::fresh_database(&url, DATABASE).await?;
+    // Kept to the end: a throwaway cluster is removed when it drops.
+    let server = database::server().await?;
+    let options = database::fresh_database(server.url(), DATABASE).await?;
     let pool = database::pool(options, 12).await?;
     let sims = Simulators::start(SimClock::Database(pool.clone())).await?;
     let settings = Settings::new(sims.endpoints.clone());
@@ -143,7 +145,7 @@ pub async fn run() -> Result<(), Error> {
         "meta-budget-update/on-failure",
         "linkedin-budget-update/on-failure",
     ];
-    wait_finished(&pool, &live).await?;
+    wait_finished(&clock, &pool, &live).await?;
     clock.say("every Meta and LinkedIn run finished");
 
     let (sleeping, wake): (i64, Option<DateTime<Utc>>) = sqlx::query_as(
@@ -160,7 +162,7 @@ pub async fn run() -> Result<(), Error> {
         ));
         clock_to(&engine, wake + chrono::Duration::seconds(1)).await?;
         clock.say("moved the database clock across the night instead of waiting for it");
-        wait_finished(&pool, &["tiktok-budget-update", "tiktok-budget-update/on-failure"]).await?;
+        wait_finished(&clock, &pool, &["tiktok-budget-update", "tiktok-budget-update/on-failure"]).await?;
         clock.say("every TikTok run finished");
     }
 
@@ -176,6 +178,7 @@ pub async fn run() -> Result<(), Error> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    finance_import(&clock, &engine, &pool).await?;
     shutdown.cancel();
     worker.await.map_err(|e| Error::Usage(format!("worker task: {e}")))??;
     clock.say("worker stopped gracefully");
@@ -185,6 +188,91 @@ pub async fn run() -> Result<(), Error> {
     print!("{}", founder::load(&pool).await?.render());
     println!("\nThe same view, any time: cargo run -p media-buying -- founder");
     clock.say("done");
+    Ok(())
+}
+
+/// The one-off import of the finance sheet: an export of the week's Meta
+/// writes as finance keeps them, with the usual slips (a typed-over amount,
+/// a reference that exists nowhere, a row pasted twice), imported row by
+/// row; the accountant approves one flagged row and corrects another, and
+/// the third stays in the founder's review queue.
+async fn finance_import(clock: &Clock, engine: &Engine, pool: &PgPool) -> Result<(), Error> {
+    use crate::functions::finance::{Decision, ReviewDecision};
+    use crate::store::finance;
+    let writes: Vec<(String, String, String, i64, String, String)> = sqlx::query_as(
+        "SELECT to_char(w.pushed_at AT TIME ZONE 'Europe/Amsterdam', 'DD-MM-YYYY'), a.client, w.account_id,
+                w.amount_cents, w.campaign_id, w.external_ref
+           FROM media.budget_writes w JOIN media.accounts a USING (platform, account_id)
+          WHERE w.platform = 'meta' AND w.status = 'pushed' ORDER BY w.id LIMIT 40",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut csv = String::from("date,client,platform,account,campaign,daily_budget,reference\n");
+    for (i, (date, client, account, cents, campaign, reference)) in writes.iter().enumerate() {
+        // Finance writes euros with a decimal comma; row 7 was typed over, row 32 lost its amount.
+        let cents = if i == 6 { cents + 1_000 } else { *cents };
+        let amount = if i == 30 { "n/a".to_owned() } else { format!("\"{},{:02}\"", cents / 100, cents % 100) };
+        csv.push_str(&format!("{date},{client},Meta,{account},{campaign},{amount},{reference}\n"));
+        if i == 11 {
+            csv.push_str(&format!(
+                "{date},{client},Meta,{account},{campaign}-x,\"{},{:02}\",120202999999\n",
+                cents / 100,
+                cents % 100
+            ));
+        }
+        if i == 20 {
+            csv.push_str(&format!(
+                "{date},{client},Meta,{account},{campaign},\"{},{:02}\",{reference}\n",
+                cents / 100,
+                cents % 100
+            ));
+        }
+    }
+    let imported = finance::import_sheet(engine, pool, "finance-week.csv", &csv).await?;
+    clock.say(&format!(
+        "finance sheet finance-week.csv ({} rows) stored as import #{}; its run imports it row by row (one step_tx per row)",
+        imported.rows, imported.import_id
+    ));
+    let Some(run) = imported.run_id else { return Ok(()) };
+    engine.wait_for_run(run, PHASE_LIMIT).await?;
+    let deadline = Instant::now() + PHASE_LIMIT;
+    let queue = loop {
+        let queue = finance::review_queue(pool).await?;
+        if queue.iter().all(|r| r.review_state.as_deref() == Some("waiting")) || Instant::now() > deadline {
+            break queue;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let counts: Vec<String> =
+        finance::rows_by_status(pool).await?.iter().map(|(status, n)| format!("{n} {status}")).collect();
+    clock.say(&format!(
+        "imported: {}; {} flagged rows each wait (a durable wait, no worker held) for an accountant",
+        counts.join(", "),
+        queue.len()
+    ));
+    let by = "anna@finance".to_owned();
+    if let Some(first) = queue.first() {
+        let decision = match first.store_cents {
+            Some(store) => Decision::Correct { amount_cents: store },
+            None => Decision::Approve,
+        };
+        finance::decide(engine, pool, ReviewDecision { row_id: first.id, decision, by: by.clone(), note: None })
+            .await?;
+    }
+    if let Some(second) = queue.get(1) {
+        let decision =
+            ReviewDecision { row_id: second.id, decision: Decision::Approve, by, note: Some("new campaign".into()) };
+        finance::decide(engine, pool, decision).await?;
+    }
+    let decided = queue.len().min(2);
+    let deadline = Instant::now() + PHASE_LIMIT;
+    while finance::review_queue(pool).await?.len() > queue.len() - decided && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    clock.say(&format!(
+        "the accountant decided {decided} row(s) (`media-buying review <id> approve|correct ...`); the rest stays in the \
+         founder's review queue below"
+    ));
     Ok(())
 }
 
@@ -211,13 +299,22 @@ async fn seed(pool: &PgPool, sims: &Simulators, clients: &[Client], now: DateTim
     Ok(())
 }
 
-/// Waits until no run of these functions is unfinished.
-async fn wait_finished(pool: &PgPool, functions: &[&str]) -> Result<(), Error> {
-    let deadline = Instant::now() + PHASE_LIMIT;
+/// How often a wait prints a progress line when nothing else is said.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// Waits until no run of these functions is unfinished, printing a progress
+/// line every [`PROGRESS_EVERY`] (runs open by state) so a long wait is never silent.
+pub(crate) async fn wait_finished(clock: &Clock, pool: &PgPool, functions: &[&str]) -> Result<(), Error> {
+    let started = Instant::now();
+    let deadline = started + PHASE_LIMIT;
+    let mut next_progress = started + PROGRESS_EVERY;
     loop {
-        let open: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM durastep.runs
-              WHERE function_id = ANY($1) AND state NOT IN ('completed', 'failed', 'cancelled', 'skipped')",
+        let (open, running, waiting, finished): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE state NOT IN ('completed', 'failed', 'cancelled', 'skipped')),
+                    count(*) FILTER (WHERE state = 'running'),
+                    count(*) FILTER (WHERE state IN ('queued', 'sleeping', 'waiting')),
+                    count(*) FILTER (WHERE state IN ('completed', 'failed', 'cancelled', 'skipped'))
+               FROM durastep.runs WHERE function_id = ANY($1)",
         )
         .bind(functions)
         .fetch_one(pool)
@@ -226,7 +323,15 @@ async fn wait_finished(pool: &PgPool, functions: &[&str]) -> Result<(), Error> {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(Error::Usage(format!("{open} runs still open after {PHASE_LIMIT:?}")));
+            return Err(Error::Usage(format!("{open} runs still open after {}", human(PHASE_LIMIT))));
+        }
+        if Instant::now() >= next_progress {
+            next_progress += PROGRESS_EVERY;
+            clock.say(&format!(
+                "  ... {finished} runs finished, {open} open ({running} running, {waiting} queued behind a limit or a \
+                 backoff); waiting {} so far",
+                human(started.elapsed())
+            ));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -308,7 +413,12 @@ async fn report(pool: &PgPool, sims: &Simulators, channel: &str) -> Result<(), E
     .await?;
     for (platform, n, p50, p95, max) in latency {
         let note = if platform == "tiktok" { "  (held on purpose until after TikTok's reset)" } else { "" };
-        println!("  {platform:<9} {n:>4} writes: p50 {p50:>8.2} s, p95 {p95:>8.2} s, max {max:>8.2} s{note}");
+        println!(
+            "  {platform:<9} {n:>4} writes: p50 {:>10}, p95 {:>10}, max {:>10}{note}",
+            human_secs(p50),
+            human_secs(p95),
+            human_secs(max)
+        );
     }
 
     let messages = sims.chat.messages_in(channel);
@@ -319,7 +429,7 @@ async fn report(pool: &PgPool, sims: &Simulators, channel: &str) -> Result<(), E
     Ok(())
 }
 
-fn local(t: DateTime<Utc>) -> String {
+pub(crate) fn local(t: DateTime<Utc>) -> String {
     t.with_timezone(&Amsterdam).format("%a %d %b %Y %H:%M %Z (Amsterdam)").to_string()
 }
 
@@ -337,7 +447,7 @@ fn next_friday_2130(now: DateTime<Utc>) -> DateTime<Utc> {
     }
 }
 
-async fn clock_to(engine: &Engine, at: DateTime<Utc>) -> Result<(), Error> {
+pub(crate) async fn clock_to(engine: &Engine, at: DateTime<Utc>) -> Result<(), Error> {
     let now = durastep::testing::db_now(engine).await?;
     if let Ok(by) = (at - now).to_std() {
         durastep::testing::advance_clock(engine, by).await?;

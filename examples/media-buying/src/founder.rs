@@ -1,6 +1,7 @@
 //! The founder's view: budget writes grouped by platform and status, then
 //! every write not pushed on its own row, with the original request and the
-//! latest error. `cargo run -p media-buying -- founder` prints it.
+//! latest error, then the finance sheet's review queue (every flagged row
+//! waiting for an accountant). `cargo run -p media-buying -- founder` prints it.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 use chrono_tz::Europe::Amsterdam;
 use sqlx::PgPool;
 
+use crate::store::finance::{self as finance, ReviewItem};
 use crate::store::{self, OpenWrite, StatusCount};
 
 /// The view, as loaded.
@@ -17,21 +19,25 @@ pub struct FounderView {
     pub by_status: Vec<StatusCount>,
     /// Every write not pushed.
     pub open: Vec<OpenWrite>,
+    /// Imported finance rows by status.
+    pub finance_rows: Vec<(String, i64)>,
+    /// Every finance row waiting for an accountant.
+    pub review: Vec<ReviewItem>,
     /// How long the two queries took.
     pub load_time: Duration,
 }
 
-/// Loads the view (two queries).
+/// Loads the view (four queries).
 pub async fn load(pool: &PgPool) -> sqlx::Result<FounderView> {
     let started = Instant::now();
     let by_status = store::writes_by_status(pool).await?;
     let open = store::open_writes(pool).await?;
-    Ok(FounderView { by_status, open, load_time: started.elapsed() })
+    let finance_rows = finance::rows_by_status(pool).await?;
+    let review = finance::review_queue(pool).await?;
+    Ok(FounderView { by_status, open, finance_rows, review, load_time: started.elapsed() })
 }
 
-fn euros(cents: i64) -> String {
-    format!("EUR {}.{:02}", cents / 100, cents % 100)
-}
+use crate::units::euros;
 
 fn clip(s: &str, max: usize) -> String {
     if s.chars().count() <= max { s.to_owned() } else { format!("{}...", s.chars().take(max - 3).collect::<String>()) }
@@ -85,7 +91,47 @@ impl FounderView {
                 clip(w.latest_error.as_deref().unwrap_or("-"), 140),
             );
         }
-        let _ = writeln!(out, "\n(loaded in {:.1} ms)", self.load_time.as_secs_f64() * 1000.0);
+        self.render_review(&mut out);
+        let _ = writeln!(out, "\n(loaded in {})", crate::units::human(self.load_time));
         out
+    }
+}
+
+impl FounderView {
+    fn render_review(&self, out: &mut String) {
+        if self.finance_rows.is_empty() {
+            return;
+        }
+        let counts: Vec<String> = self.finance_rows.iter().map(|(status, n)| format!("{n} {status}")).collect();
+        let _ = writeln!(out, "\nFinance sheet import: {}", counts.join(", "));
+        let _ = writeln!(
+            out,
+            "Rows waiting for an accountant ({}): `media-buying review <id> approve|correct --amount EUR --by NAME`",
+            self.review.len()
+        );
+        if self.review.is_empty() {
+            let _ = writeln!(out, "  (none)");
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "  {:>5} {:<22} {:<9} {:<16} {:>12} {:>13} {:<17} {:<8}  why",
+            "id", "file, row", "platform", "campaign", "sheet", "store", "since (AMS)", "review"
+        );
+        for r in &self.review {
+            let _ = writeln!(
+                out,
+                "  {:>5} {:<22} {:<9} {:<16} {:>12} {:>13} {:<17} {:<8}  {}",
+                r.id,
+                clip(&format!("{} #{}", r.file_name, r.row_no), 22),
+                clip(&r.platform, 9),
+                clip(&r.campaign, 16),
+                clip(&r.daily_budget, 12),
+                r.store_cents.map_or_else(|| "-".to_owned(), euros),
+                r.imported_at.with_timezone(&Amsterdam).format("%a %d %b %H:%M"),
+                r.review_state.as_deref().unwrap_or("starting"),
+                clip(&r.reason, 100),
+            );
+        }
     }
 }

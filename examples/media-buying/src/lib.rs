@@ -1,4 +1,4 @@
-//! Story B of `shared/scenarios.md`, as a crate: a media-buying agency's
+//! Story B of the project's scenarios, as a crate: a media-buying agency's
 //! budget writes to Meta, TikTok and LinkedIn as Durastep functions on one
 //! typed Postgres schema, with local simulators of the three platforms and of
 //! the on-call chat channel.
@@ -15,15 +15,20 @@
 //! - [`founder`]: the founder's view of the budget writes.
 //! - [`sim`]: the simulators, with the platforms' failure modes.
 //! - [`database`]: pools, the demo's own database, an engine with every function.
-//! - [`demo`]: the `demo` command.
+//! - [`demo`]: the `demo` command; [`shadow_week`]: the `shadow-week` command
+//!   (TikTok shadow-written for a week, and the comparison report).
+//! - [`cli`]: the command line; [`units`]: durations and amounts for people.
 
+pub mod cli;
 pub mod database;
 pub mod demo;
 pub mod founder;
 pub mod functions;
 pub mod platforms;
+pub mod shadow_week;
 pub mod sim;
 pub mod store;
+pub mod units;
 
 mod config;
 mod error;

@@ -9,6 +9,8 @@ use uuid::Uuid;
 
 use crate::functions::{BudgetRequest, Platform};
 
+pub mod finance;
+
 /// Applies the example's migrations (schema `media`, tracked in
 /// `media._migrations`). Durastep's own schema must exist first: the tables'
 /// timestamps default to its clock, `durastep.now()`.
@@ -231,22 +233,30 @@ pub async fn mark_failed(conn: &mut PgConnection, write_id: i64, error: &str) ->
 }
 
 /// Shadow mode: what the new function would have written next to what the platform has.
-pub struct Comparison<'a> {
+#[derive(Debug, Clone)]
+pub struct Comparison {
     /// The shadow run.
     pub run_id: Uuid,
     /// The request it shadowed.
-    pub request: &'a BudgetRequest,
+    pub request: BudgetRequest,
     /// The budget the platform has, after the old writer.
     pub platform_cents: Option<i64>,
+    /// When the request came (TikTok's shadow records timing).
+    pub requested_at: Option<DateTime<Utc>>,
+    /// When the new function would have written.
+    pub planned_at: Option<DateTime<Utc>>,
+    /// When the old writer's write landed at the platform.
+    pub platform_written_at: Option<DateTime<Utc>>,
 }
 
-/// Records a shadow comparison (once per run); returns whether they agree.
-pub async fn record_comparison(conn: &mut PgConnection, c: Comparison<'_>) -> sqlx::Result<bool> {
+/// Records a shadow comparison (once per run); returns whether the amounts agree.
+pub async fn record_comparison(conn: &mut PgConnection, c: &Comparison) -> sqlx::Result<bool> {
     let agree = c.platform_cents == Some(c.request.amount_cents);
     sqlx::query(
         "INSERT INTO media.shadow_comparisons
-             (run_id, platform, account_id, campaign_id, planned_cents, platform_cents, agree)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             (run_id, platform, account_id, campaign_id, planned_cents, platform_cents, agree,
+              requested_at, planned_at, platform_written_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
     )
     .bind(c.run_id)
     .bind(c.request.platform.as_str())
@@ -255,9 +265,111 @@ pub async fn record_comparison(conn: &mut PgConnection, c: Comparison<'_>) -> sq
     .bind(c.request.amount_cents)
     .bind(c.platform_cents)
     .bind(agree)
+    .bind(c.requested_at)
+    .bind(c.planned_at)
+    .bind(c.platform_written_at)
     .execute(conn)
     .await?;
     Ok(agree)
+}
+
+/// Hours of TikTok's (UTC) day under which a pushed bump counts as "late": it
+/// lands on a day that is nearly over (the story's 23:55 bump burned out in
+/// five minutes).
+pub const LATE_IN_DAY_HOURS: i32 = 2;
+
+/// One day of a shadow comparison report.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct ShadowDay {
+    /// The day the requests came, in Amsterdam.
+    pub day: chrono::NaiveDate,
+    /// Requests shadowed.
+    pub requests: i64,
+    /// The old writer wrote the same amount.
+    pub same_amount: i64,
+    /// The old writer wrote another amount.
+    pub other_amount: i64,
+    /// The platform has no budget for the campaign (the old writer never wrote).
+    pub never_written: i64,
+    /// The old writer's write landed with less than [`LATE_IN_DAY_HOURS`] of the platform's day left.
+    pub late_in_day: i64,
+    /// What the old writer wrote beyond what was asked, summed, in cents.
+    pub extra_cents: i64,
+}
+
+/// One comparison where the old writer did something the new function would not have.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct ShadowDifference {
+    /// The campaign.
+    pub campaign_id: String,
+    /// When the request came.
+    pub requested_at: Option<DateTime<Utc>>,
+    /// What the new function would have written.
+    pub planned_cents: i64,
+    /// When.
+    pub planned_at: Option<DateTime<Utc>>,
+    /// What the old writer wrote.
+    pub platform_cents: Option<i64>,
+    /// When.
+    pub platform_written_at: Option<DateTime<Utc>>,
+    /// Whether the write landed late in the platform's day.
+    pub late_in_day: bool,
+}
+
+/// The comparison report of a platform's shadow run: per day, and the differences.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShadowReport {
+    /// The platform.
+    pub platform: Platform,
+    /// Per day (Amsterdam) of the requests.
+    pub days: Vec<ShadowDay>,
+    /// Every comparison that differs in amount or landed late in the day, oldest first.
+    pub differences: Vec<ShadowDifference>,
+}
+
+/// Whether the old writer's write landed with less than `$2` hours of the
+/// platform's (UTC) day left.
+macro_rules! late_in_day {
+    () => {
+        "(platform_written_at IS NOT NULL AND platform_written_at >= \
+          date_trunc('day', platform_written_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + make_interval(hours => 24 - $2))"
+    };
+}
+
+/// Loads the comparison report of `platform`'s shadow mode.
+pub async fn shadow_report(pool: &PgPool, platform: Platform) -> sqlx::Result<ShadowReport> {
+    let days = sqlx::query_as(concat!(
+        "SELECT (coalesce(requested_at, compared_at) AT TIME ZONE 'Europe/Amsterdam')::date AS day,
+                count(*) AS requests,
+                count(*) FILTER (WHERE agree) AS same_amount,
+                count(*) FILTER (WHERE NOT agree AND platform_cents IS NOT NULL) AS other_amount,
+                count(*) FILTER (WHERE platform_cents IS NULL) AS never_written,
+                count(*) FILTER (WHERE ",
+        late_in_day!(),
+        ") AS late_in_day,
+                coalesce(sum(greatest(platform_cents - planned_cents, 0)), 0)::bigint AS extra_cents
+           FROM media.shadow_comparisons WHERE platform = $1
+          GROUP BY 1 ORDER BY 1"
+    ))
+    .bind(platform.as_str())
+    .bind(LATE_IN_DAY_HOURS)
+    .fetch_all(pool)
+    .await?;
+    let differences = sqlx::query_as(concat!(
+        "SELECT campaign_id, requested_at, planned_cents, planned_at, platform_cents, platform_written_at, ",
+        late_in_day!(),
+        " AS late_in_day
+           FROM media.shadow_comparisons
+          WHERE platform = $1 AND (NOT agree OR ",
+        late_in_day!(),
+        ")
+          ORDER BY coalesce(requested_at, compared_at), id"
+    ))
+    .bind(platform.as_str())
+    .bind(LATE_IN_DAY_HOURS)
+    .fetch_all(pool)
+    .await?;
+    Ok(ShadowReport { platform, days, differences })
 }
 
 /// The figures of the Saturday summary.

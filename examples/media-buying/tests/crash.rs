@@ -90,3 +90,40 @@ async fn crash_between_push_and_log_resumes_at_log(_p: PgPoolOptions, opts: PgCo
     assert_eq!(w.budget_write_rows().await, 1);
     assert_eq!(w.write_row(write_id).await, ("pushed".to_owned(), Some(writes[0].write_ref.clone())));
 }
+
+/// The finance import crashes (a real process exit) right after row 3's
+/// checkpoint; a second worker resumes at row 4. Every row is imported once
+/// and every flagged row has one review run: no double import.
+#[sqlx::test(migrations = false)]
+async fn a_crash_in_the_finance_import_resumes_after_the_last_row_without_double_import(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    use media_buying::store::finance;
+    let w = common::world(opts).await;
+    w.account(Platform::Meta, "act_1").await;
+    let mut csv = String::from("date,client,platform,account,campaign,daily_budget,reference\n");
+    for i in 1..=6 {
+        // Rows with references no write has: each is flagged and gets a review run.
+        csv.push_str(&format!("2026-11-2{i},acme,Meta,act_1,c_{i},{i}0.00,ref-{i}\n"));
+    }
+    let imported = finance::import_sheet(&w.engine, &w.pool, "sheet.csv", &csv).await.unwrap();
+    let run_id = imported.run_id.unwrap();
+
+    assert_eq!(crashing_worker(&w, "finance-after-row-3").await, Some(137));
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM media.finance_rows").fetch_one(&w.pool).await.unwrap();
+    assert_eq!(rows, 3, "rows 1-3 were imported before the crash");
+
+    let run = finish_with_second_worker(&w, run_id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    let per_row: Vec<(i32, i64)> =
+        sqlx::query_as("SELECT row_no, count(*) FROM media.finance_rows GROUP BY row_no ORDER BY row_no")
+            .fetch_all(&w.pool)
+            .await
+            .unwrap();
+    assert_eq!(per_row, (1..=6).map(|n| (n, 1)).collect::<Vec<_>>(), "each row imported exactly once");
+    assert_eq!(w.runs_of("finance-row-review").await.len(), 6, "one review run per flagged row");
+    // A re-run of the same file imports nothing.
+    assert!(finance::import_sheet(&w.engine, &w.pool, "sheet.csv", &csv).await.unwrap().already_imported);
+    assert_eq!(w.runs_of("finance-import").await.len(), 1);
+}

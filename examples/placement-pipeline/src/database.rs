@@ -4,14 +4,14 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 
 /// The server used when `DATABASE_URL` is not set.
-pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub const DEFAULT_URL: &str = durastep_localpg::DEFAULT_URL;
 
 /// The database the demo and the commands use.
 pub const DATABASE: &str = "durastep_placement_pipeline";
 
 /// `DATABASE_URL` if set, else [`DEFAULT_URL`].
 pub fn server_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
+    durastep_localpg::database_url()
 }
 
 /// Connect options for [`DATABASE`] on the server at `url`, creating it if it

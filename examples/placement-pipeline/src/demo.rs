@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use durastep::RunState;
 use placement_pipeline::burst::{self, monday_burst};
 use placement_pipeline::database::{DATABASE, own_database, server_url};
-use placement_pipeline::figures::{latencies, percentile, runs_by_function};
+use placement_pipeline::figures::{human, latencies, percentile, runs_by_function};
 use placement_pipeline::simulators::Faults;
 use placement_pipeline::stack::{Stack, StackConfig};
 use placement_pipeline::{SideEffect, Stage, StageChange, side_effects};
@@ -23,7 +23,12 @@ const TYPO_CHANNEL: &str = "#client-intiech";
 pub async fn run() -> Result {
     let started = Instant::now();
     println!("Story A: the placement pipeline (CRM stage change -> one durable run per side effect)\n");
-    let url = server_url();
+    // Kept to the end: a throwaway cluster is removed when it drops.
+    let server = durastep_localpg::LocalDatabase::resolve(&server_url()).await?;
+    if let Some(notice) = server.notice() {
+        println!("{notice}");
+    }
+    let url = server.url().to_owned();
     let options = own_database(&url, true)
         .await
         .map_err(|e| format!("cannot reach Postgres at {url}: {e}\n(set DATABASE_URL to a Postgres you can use)"))?;
@@ -35,6 +40,7 @@ pub async fn run() -> Result {
         faults: Faults { mail_unavailable_every: Some(40), crm_lost_response_every: Some(45) },
         workers: 3,
         max_connections: 12,
+        progress_every: Some(Duration::from_secs(2)),
         ..StackConfig::default()
     };
     config.chat_channels.push(RIGHT_CHANNEL.to_owned());
@@ -48,9 +54,9 @@ pub async fn run() -> Result {
     let (moved, jumps) = stack.clock_moved();
     println!(
         "\nTime: the database clock was moved forward {} in {jumps} jumps to cross backoff delays and Retry-After\n\
-         waits (durastep::testing::advance_clock; the simulators read the same clock). Real time: {:.1} s.",
+         waits (durastep::testing::advance_clock; the simulators read the same clock). Real time: {}.",
         human(moved),
-        started.elapsed().as_secs_f64()
+        human(started.elapsed())
     );
     stack.stop().await?;
     Ok(())
@@ -67,14 +73,14 @@ async fn monday(stack: &Stack) -> Result {
     let sent = Instant::now();
     deliver(stack, &burst.deliveries.iter().map(|&i| burst.changes[i].clone()).collect::<Vec<_>>()).await?;
     println!(
-        "{} webhooks delivered in {} ms: {} stage changes stored, {} re-fires ignored (same dedupe key)",
+        "{} webhooks delivered in {}: {} stage changes stored, {} re-fires ignored (same dedupe key)",
         stack.receiver_stats.webhooks(),
-        sent.elapsed().as_millis(),
+        human(sent.elapsed()),
         stack.receiver_stats.webhooks() - stack.receiver_stats.duplicates(),
         stack.receiver_stats.duplicates()
     );
     stack.settle(Duration::from_secs(40)).await?;
-    println!("all runs finished after {} ms\n", sent.elapsed().as_millis());
+    println!("all runs finished after {}\n", human(sent.elapsed()));
 
     let runs = runs_by_function(&stack.pool).await?;
     println!("{:<24} {:>5} {:>10} {:>5} {:>8}  at the system", "side effect", "runs", "completed", "dead", "retries");
@@ -205,9 +211,9 @@ async fn incident(stack: &Stack) -> Result {
     let posts = stack.sims.chat.posts_in(RIGHT_CHANNEL).len();
     let once = changes.iter().all(|c| stack.sims.chat.posted_with(&c.dedupe_key()) == 1);
     println!(
-        "{completed} of {} re-run runs completed in {} ms; {posts} posts in {RIGHT_CHANNEL}, {} each stage change",
+        "{completed} of {} re-run runs completed in {}; {posts} posts in {RIGHT_CHANNEL}, {} each stage change",
         queued.len(),
-        rerun.elapsed().as_millis(),
+        human(rerun.elapsed()),
         if once { "exactly one for" } else { "NOT exactly one for" }
     );
     if completed != dead.len() || posts != changes.len() || !once {
@@ -216,19 +222,19 @@ async fn incident(stack: &Stack) -> Result {
     Ok(())
 }
 
-/// Delivers webhooks eight at a time, as a CRM's webhook sender would.
+/// Delivers webhooks eight at a time, as a CRM's webhook sender would,
+/// printing a progress line every 2 s.
 async fn deliver(stack: &Stack, changes: &[StageChange]) -> Result {
-    stack.webhooks().send_all(changes, 8).await?;
-    Ok(())
-}
-
-fn human(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1_000 {
-        format!("{ms} ms")
-    } else if ms < 120_000 {
-        format!("{:.1} s", d.as_secs_f64())
-    } else {
-        format!("{:.1} min", d.as_secs_f64() / 60.0)
+    let started = Instant::now();
+    let mut next_progress = Duration::from_secs(2);
+    let mut sent = 0;
+    for chunk in changes.chunks(24) {
+        stack.webhooks().send_all(chunk, 8).await?;
+        sent += chunk.len();
+        if started.elapsed() >= next_progress && sent < changes.len() {
+            next_progress += Duration::from_secs(2);
+            println!("  ... {sent} of {} webhooks delivered ({})", changes.len(), human(started.elapsed()));
+        }
     }
+    Ok(())
 }

@@ -97,3 +97,29 @@ pub fn percentile(values: &[Duration], p: f64) -> Duration {
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
+
+/// A duration in the two largest units that matter: `850 ms`, `2.4 s`,
+/// `3 min 12 s`, `4 h 0 min`, `2 d 3 h`.
+///
+/// ```
+/// use placement_pipeline::figures::human;
+/// assert_eq!(human(std::time::Duration::from_secs(192)), "3 min 12 s");
+/// ```
+pub fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    let s = d.as_secs();
+    if ms < 1_000 {
+        format!("{ms} ms")
+    } else if ms < 60_000 {
+        format!("{:.1} s", d.as_secs_f64())
+    } else if s < 3_600 {
+        let s = d.as_secs_f64().round() as u64;
+        format!("{} min {} s", s / 60, s % 60)
+    } else if s < 86_400 {
+        let m = (d.as_secs_f64() / 60.0).round() as u64;
+        format!("{} h {} min", m / 60, m % 60)
+    } else {
+        let h = (d.as_secs_f64() / 3_600.0).round() as u64;
+        format!("{} d {} h", h / 24, h % 24)
+    }
+}

@@ -18,9 +18,10 @@
 //!   own tables.
 //! - [`simulators`]: the six external systems, with their failure modes.
 //! - [`stack`]: all of it in one process, for the demo and the tests;
-//!   [`burst`]: the Monday-morning burst.
+//!   [`burst`]: the Monday-morning burst; [`cli`]: the command line.
 
 pub mod burst;
+pub mod cli;
 pub mod clock;
 pub mod database;
 pub mod figures;

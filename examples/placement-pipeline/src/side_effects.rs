@@ -187,7 +187,9 @@ pub fn function(side_effect: SideEffect, pipeline: Pipeline) -> Function {
     }
     f = f.retries(ATTEMPTS - 1).backoff(story_backoff());
     if side_effect == SideEffect::DraftInvoice {
-        f = f.concurrency_shared(INVOICING, 1, None).backpressure_shared(INVOICING_PAUSE, None);
+        f = f
+            .concurrency(durastep::Concurrency::new(1).shared(INVOICING))
+            .backpressure(durastep::Backpressure::new().shared(INVOICING_PAUSE));
     }
     f.handler(move |ctx: Ctx, change: StageChange| {
         let pipeline = pipeline.clone();

@@ -72,6 +72,9 @@ pub struct StackConfig {
     pub workers: usize,
     /// Connections in the main pool.
     pub max_connections: u32,
+    /// While [`Stack::settle`] waits, print a progress line this often (the
+    /// demo: a long wait is never silent); `None` prints nothing (the tests).
+    pub progress_every: Option<Duration>,
 }
 
 impl Default for StackConfig {
@@ -83,6 +86,7 @@ impl Default for StackConfig {
             channel_config: accounts.iter().map(|a| ((*a).to_owned(), crate::burst::channel_of(a))).collect(),
             workers: 1,
             max_connections: 8,
+            progress_every: None,
         }
     }
 }
@@ -113,6 +117,7 @@ pub struct Stack {
     pub receiver_url: String,
     /// How far the database clock has been moved in all, and in how many jumps.
     pub clock_moved: Arc<std::sync::Mutex<(Duration, u32)>>,
+    progress_every: Option<Duration>,
     http: reqwest::Client,
     shutdown: CancellationToken,
     workers: Vec<JoinHandle<Result<(), durastep::Error>>>,
@@ -157,6 +162,7 @@ impl Stack {
             receiver_stats,
             receiver_url,
             clock_moved: Arc::default(),
+            progress_every: config.progress_every,
             http: reqwest::Client::new(),
             shutdown,
             workers,
@@ -181,6 +187,7 @@ impl Stack {
     /// they see the same time pass. Fails after `limit` of real time.
     pub async fn settle(&self, limit: Duration) -> Result<(), StackError> {
         let started = Instant::now();
+        let mut progress_lines = 0u32;
         loop {
             let (unfinished, running, due_in): (i64, i64, Option<f64>) = sqlx::query_as(
                 "SELECT count(*) FILTER (WHERE state IN ('queued', 'running', 'sleeping', 'waiting')),
@@ -193,6 +200,20 @@ impl Stack {
             .await?;
             if unfinished == 0 {
                 return Ok(());
+            }
+            if let Some(every) = self.progress_every
+                && started.elapsed() >= every * progress_lines
+            {
+                if progress_lines > 0 {
+                    let (moved, _) = self.clock_moved();
+                    println!(
+                        "  ... {unfinished} runs unfinished ({running} running); waited {}; database clock moved {} \
+                         so far to cross backoffs",
+                        crate::figures::human(started.elapsed()),
+                        crate::figures::human(moved)
+                    );
+                }
+                progress_lines += 1;
             }
             if started.elapsed() > limit {
                 return Err(StackError::Timeout { unfinished, waited: started.elapsed() });

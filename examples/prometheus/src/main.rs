@@ -1,21 +1,25 @@
-//! Run with: `cargo run -p prometheus-example` (add `-- --serve` to keep it running)
+//! Run with: `cargo run -p prometheus-example` (add `-- --serve` to keep it
+//! running; `-- --help` lists the flags, and an unknown flag is an error)
 //!
 //! Durastep's metrics in a Prometheus scrape. The program installs
 //! `metrics-exporter-prometheus` as the process's metrics recorder, with its
-//! HTTP listener on `METRICS_ADDR` (default `127.0.0.1:9000`), and runs a
+//! HTTP listener on `--metrics-addr` or `METRICS_ADDR` (default `127.0.0.1:9000`), and runs a
 //! worker with one small function, `build-report`, whose `fetch` step fails
 //! on the first attempt of every third run (so the retry metrics move). It
 //! sends 12 events, waits until their runs have finished, then scrapes its own
 //! `/metrics` over HTTP, prints the Durastep lines and exits. With `--serve` it
 //! goes on sending an event a second and serving `/metrics` until Ctrl-C.
 //!
-//! It needs a reachable Postgres: `DATABASE_URL` if set, else
-//! `postgres://postgres@127.0.0.1:5432/postgres`, where it creates (once) and
-//! uses its own database, `durastep_prometheus_example`.
+//! It uses the Postgres at `DATABASE_URL` if set, else
+//! `postgres://postgres@127.0.0.1:5432/postgres`; when nothing answers at that
+//! (local) address, it starts a throwaway cluster from the installed server
+//! binaries, says where, and removes it at exit (`durastep-localpg`). There it
+//! creates (once) and uses its own database, `durastep_prometheus_example`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use clap::Parser;
 use durastep::{Backoff, Ctx, Engine, Event, Function, HandlerError, WorkerOptions};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use sqlx::Connection;
@@ -23,14 +27,29 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 const DEFAULT_ADDR: &str = "127.0.0.1:9000";
 const RUNS: u32 = 12;
 
+/// Durastep's metrics in a Prometheus scrape: a worker runs a small function
+/// (12 runs, some retried), then the program scrapes its own /metrics and
+/// prints the Durastep lines. Postgres: DATABASE_URL, else a local default
+/// (a throwaway cluster when nothing answers there).
+#[derive(Debug, Parser)]
+#[command(name = "prometheus-example", max_term_width = 100)]
+struct Args {
+    /// Keep running after the 12 runs: send an event a second and serve
+    /// /metrics until Ctrl-C (instead of scraping once and exiting).
+    #[arg(long)]
+    serve: bool,
+    /// Where the exporter serves /metrics.
+    #[arg(long, env = "METRICS_ADDR", default_value = DEFAULT_ADDR, value_name = "HOST:PORT")]
+    metrics_addr: SocketAddr,
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let serve = std::env::args().skip(1).any(|a| a == "--serve");
-    let addr: SocketAddr = std::env::var("METRICS_ADDR").unwrap_or_else(|_| DEFAULT_ADDR.to_owned()).parse()?;
+    // First: a mistyped flag fails here, before anything starts.
+    let Args { serve, metrics_addr: addr } = Args::parse();
 
     // The application chooses the recorder; Durastep only records into it.
     // Buckets make the histograms real Prometheus histograms (without them
@@ -46,12 +65,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0],
         )?
         .install()
-        .map_err(|e| format!("cannot serve metrics on {addr}: {e} (set METRICS_ADDR to a free address)"))?;
+        .map_err(|e| {
+            format!("cannot serve metrics on {addr}: {e} (set --metrics-addr or METRICS_ADDR to a free address)")
+        })?;
     durastep::metrics::describe();
     println!("metrics at http://{addr}/metrics");
 
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
-    let options = example_database(&url).await?;
+    // Kept to the end of `main`: a throwaway cluster is removed when it drops.
+    let server = durastep_localpg::LocalDatabase::resolve_or_exit().await;
+    if let Some(notice) = server.notice() {
+        eprintln!("{notice}");
+    }
+    let options = example_database(server.url()).await?;
     let pool = PgPoolOptions::new().max_connections(5).connect_with(options.options([("jit", "off")])).await?;
     let engine = Engine::builder()
         .pool(pool)

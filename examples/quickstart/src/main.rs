@@ -1,10 +1,12 @@
 //! Run with: `cargo run -p quickstart`
 //!
-//! A first Durastep workflow, end to end, in one process. It needs only a
-//! reachable Postgres: `DATABASE_URL` if set, else
-//! `postgres://postgres@127.0.0.1:5432/postgres`. It creates its own database,
-//! `durastep_quickstart`, on that server (the engine migrates the schema), so it
-//! never touches anyone else's tables.
+//! A first Durastep workflow, end to end, in one process. It uses the Postgres
+//! at `DATABASE_URL` if set, else `postgres://postgres@127.0.0.1:5432/postgres`;
+//! when nothing answers at that (local) address, it starts a throwaway cluster
+//! from the installed server binaries, says where, and removes it at exit
+//! (`durastep-localpg`). It creates its own database, `durastep_quickstart`,
+//! on that server (the engine migrates the schema), so it never touches
+//! anyone else's tables.
 //!
 //! The workflow fulfils an order in four steps:
 //!
@@ -29,7 +31,6 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 use tokio_util::sync::CancellationToken;
 
-const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 const DATABASE: &str = "durastep_quickstart";
 
 /// The event payload: what the shop sends when an order is placed.
@@ -51,8 +52,13 @@ struct Fulfilled {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let log = Log::new();
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned());
-    let options = own_database(&url).await?;
+    // Kept to the end of `main`: a throwaway cluster is removed when it drops.
+    // On failure, one line saying what to install (or what failed), not a Debug dump.
+    let server = durastep_localpg::LocalDatabase::resolve_or_exit().await;
+    if let Some(notice) = server.notice() {
+        log.main(&notice);
+    }
+    let options = own_database(server.url()).await?;
     // JIT off: Durastep's large statements would otherwise cross Postgres' JIT
     // thresholds (see `EngineBuilder::pool`).
     let pool = PgPoolOptions::new().max_connections(5).connect_with(options.options([("jit", "off")])).await?;
@@ -196,18 +202,16 @@ fn fulfil_order(gateway: Arc<PaymentGateway>, log: Log) -> Function {
 
                 let (order_id, charge) = (order.order_id.clone(), charge_id.clone());
                 let shipment_id: i64 = ctx
-                    .step_tx("record-shipment", move |conn| {
-                        Box::pin(async move {
-                            // Commits in the same transaction as this step's checkpoint.
-                            let id = sqlx::query_scalar(
-                                "INSERT INTO quickstart_shipments (order_id, charge_id) VALUES ($1, $2) RETURNING id",
-                            )
-                            .bind(&order_id)
-                            .bind(&charge)
-                            .fetch_one(&mut *conn)
-                            .await?;
-                            Ok(id)
-                        })
+                    .step_tx("record-shipment", async move |conn| {
+                        // Commits in the same transaction as this step's checkpoint.
+                        let id = sqlx::query_scalar(
+                            "INSERT INTO quickstart_shipments (order_id, charge_id) VALUES ($1, $2) RETURNING id",
+                        )
+                        .bind(&order_id)
+                        .bind(&charge)
+                        .fetch_one(&mut *conn)
+                        .await?;
+                        Ok(id)
                     })
                     .await?;
                 log.worker(

@@ -3,6 +3,7 @@
 use std::io::Read;
 
 use durastep::inspect::EventFilter;
+use durastep::inspect::Inspector;
 use durastep::{Engine, Event};
 
 use crate::cli::{EventsLsArgs, SendArgs};
@@ -51,7 +52,7 @@ pub async fn send(engine: &Engine, args: SendArgs, out: &mut Out) -> Result<(), 
 }
 
 /// `durastep events ls [--name N]`.
-pub async fn list(engine: &Engine, args: EventsLsArgs, out: &mut Out) -> Result<(), CliError> {
+pub async fn list(inspector: &Inspector, args: EventsLsArgs, out: &mut Out) -> Result<(), CliError> {
     let mut filter = EventFilter::new();
     if let Some(name) = args.name {
         filter = filter.name(name);
@@ -62,7 +63,7 @@ pub async fn list(engine: &Engine, args: EventsLsArgs, out: &mut Out) -> Result<
     if let Some(c) = args.after {
         filter = filter.after(c);
     }
-    let page = engine.inspect().events(&filter).await?;
+    let page = inspector.events(&filter).await?;
     if out.json {
         return out.json(&page);
     }

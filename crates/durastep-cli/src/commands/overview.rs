@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use durastep::{Engine, RunState};
+use durastep::RunState;
+use durastep::inspect::Inspector;
 use serde::Serialize;
 
 use crate::error::CliError;
@@ -14,8 +15,7 @@ use crate::table::Table;
 const HOUR: Duration = Duration::from_secs(3_600);
 
 /// `durastep stats`: runs per function and state, then the last hour.
-pub async fn stats(engine: &Engine, out: &mut Out) -> Result<(), CliError> {
-    let inspector = engine.inspect();
+pub async fn stats(inspector: &Inspector, out: &mut Out) -> Result<(), CliError> {
     let (counts, minutes) = tokio::try_join!(inspector.counts(), inspector.per_minute(HOUR))?;
     if out.json {
         #[derive(Serialize)]
@@ -88,13 +88,14 @@ fn header(state: RunState) -> &'static str {
         RunState::Failed => "FAILED",
         RunState::Cancelled => "CANCELLED",
         RunState::Skipped => "SKIPPED",
+        RunState::Diverged => "DIVERGED",
         _ => "OTHER",
     }
 }
 
 /// `durastep functions`: what is registered, with schedules and rules.
-pub async fn functions(engine: &Engine, out: &mut Out) -> Result<(), CliError> {
-    let functions = engine.inspect().functions().await?;
+pub async fn functions(inspector: &Inspector, out: &mut Out) -> Result<(), CliError> {
+    let functions = inspector.functions().await?;
     if out.json {
         return out.json(&functions);
     }

@@ -1,7 +1,9 @@
 //! `durastep runs show`: one run, everything about it.
 
-use durastep::Engine;
-use durastep::inspect::{AttemptOutcome, RunDetail, StepStatus};
+use chrono::{DateTime, Utc};
+use durastep::RunState;
+use durastep::inspect::Inspector;
+use durastep::inspect::{AttemptOutcome, ErrorStanding, RunDetail, RunError, StepRecord, StepStatus};
 
 use crate::cli::ShowArgs;
 use crate::commands::why;
@@ -11,8 +13,8 @@ use crate::output::Out;
 use crate::table::Table;
 
 /// `durastep runs show ID [--full]`.
-pub async fn show(engine: &Engine, args: ShowArgs, out: &mut Out) -> Result<(), CliError> {
-    let detail = engine.inspect().run(args.id).await?;
+pub async fn show(inspector: &Inspector, args: ShowArgs, out: &mut Out) -> Result<(), CliError> {
+    let detail = inspector.run(args.id).await?;
     if out.json {
         return out.json(&detail);
     }
@@ -34,8 +36,9 @@ fn render(d: &RunDetail, full: bool, out: &mut Out) {
     } else {
         fact("due", format::time(r.run_at));
     }
-    if let Some(e) = &r.last_error {
-        fact("error", cut(e));
+    if let Some(e) = &d.error {
+        let (name, text) = error_fact(e, r.max_attempts, &cut);
+        fact(name, text);
     }
     if let Some(reason) = &r.cancel_reason {
         fact("cancelled", cut(reason));
@@ -84,24 +87,23 @@ fn render(d: &RunDetail, full: bool, out: &mut Out) {
         out.line("  none stored");
     } else {
         let mut t = Table::new(&["STEP", "STATUS", "ATTEMPTS", "STARTED", "FINISHED", "DURATION", "OUTPUT / ERROR"]);
+        // The sleep the run is in now (the others have woken).
+        let asleep_in = d.blocker.as_ref().filter(|_| r.state == RunState::Sleeping).and_then(|b| b.step.as_deref());
         for s in &d.steps {
-            let status = match s.status {
-                StepStatus::Completed => "completed",
-                StepStatus::Failed => "failed",
-                _ => "other",
-            };
             let result = match (&s.error, &s.output) {
                 (Some(e), _) => cut(e),
+                (None, Some(_)) if s.is_sleep() => sleep_text(s, sleep_state(s, asleep_in, r.finished_at)),
                 (None, Some(o)) => format::json_cell(o, CELL, full),
                 (None, None) => String::new(),
             };
             t.row(vec![
                 s.name.clone(),
-                status.into(),
+                step_status(s, sleep_state(s, asleep_in, r.finished_at)).into(),
                 s.attempts.to_string(),
                 format::opt_time(s.started_at),
                 format::opt_time(s.finished_at),
-                format::opt_duration(s.duration),
+                // A sleep's duration is how long it sleeps, not the microseconds it took to store.
+                format::opt_duration(if s.is_sleep() { s.slept } else { s.duration }),
                 result,
             ]);
         }
@@ -120,17 +122,91 @@ fn render(d: &RunDetail, full: bool, out: &mut Out) {
 
     out.line("");
     out.line("history");
-    let mut t = Table::new(&["AT", "STATE", "ATTEMPT", "STEP", "ERROR"]);
+    let mut t = Table::new(&["AT", "STATE", "ATTEMPT", "STEP", "ERROR / REASON"]);
     for h in &d.history {
-        t.row(vec![
-            format::time(h.at),
-            h.state.as_str().into(),
-            h.attempt.to_string(),
-            h.step.clone().unwrap_or_default(),
-            h.error.as_deref().map(cut).unwrap_or_default(),
-        ]);
+        let state = if h.replayed { format!("{} (replayed)", h.state.as_str()) } else { h.state.as_str().into() };
+        let note = match (&h.error, &h.cancel_reason) {
+            (Some(e), _) => cut(e),
+            (None, Some(reason)) => format!("reason: {}", cut(reason)),
+            (None, None) => String::new(),
+        };
+        t.row(vec![format::time(h.at), state, h.attempt.to_string(), h.step.clone().unwrap_or_default(), note]);
     }
     out.block(&t.render());
+}
+
+/// The run's last error as one fact: its name says what the error is to the
+/// run (recovered from, the run's failure, or an earlier attempt's).
+fn error_fact(e: &RunError, max_attempts: u32, cut: &dyn Fn(&str) -> String) -> (&'static str, String) {
+    let msg = cut(&e.message);
+    let attempt = e.attempt.map(|a| format!("attempt {a}")).unwrap_or_else(|| "an earlier attempt".into());
+    match e.standing {
+        ErrorStanding::Recovered => ("recovered", format!("{msg} ({attempt} failed; a retry completed the run)")),
+        ErrorStanding::Permanent => {
+            ("failed", format!("permanently, at {attempt} of {max_attempts} (a permanent error: not retried): {msg}"))
+        }
+        ErrorStanding::Exhausted => ("failed", format!("on its last attempt ({attempt} of {max_attempts}): {msg}")),
+        ErrorStanding::Retrying => ("last error", format!("{msg} ({attempt} failed; it runs again)")),
+        ErrorStanding::BeforeCancel => ("last error", format!("{msg} ({attempt} failed before it was cancelled)")),
+        _ => ("error", msg),
+    }
+}
+
+/// A listing's error cell: the error, marked with what it is to the run.
+pub fn error_cell(standing: Option<ErrorStanding>, cell: String) -> String {
+    match standing {
+        Some(ErrorStanding::Recovered) => format!("recovered: {cell}"),
+        Some(ErrorStanding::Permanent) => format!("permanent: {cell}"),
+        Some(ErrorStanding::Retrying) => format!("retrying: {cell}"),
+        Some(ErrorStanding::BeforeCancel) => format!("before cancel: {cell}"),
+        _ => cell,
+    }
+}
+
+/// Where a sleep step stands.
+#[derive(Clone, Copy, PartialEq)]
+enum Sleep {
+    /// The run is in it now.
+    Asleep,
+    /// It slept until its wake time.
+    Slept,
+    /// The run ended (cancelled, say) before its wake time.
+    CutShort,
+}
+
+fn sleep_state(s: &StepRecord, asleep_in: Option<&str>, run_finished: Option<DateTime<Utc>>) -> Sleep {
+    if asleep_in == Some(s.name.as_str()) {
+        Sleep::Asleep
+    } else if run_finished.zip(s.wake_at).is_some_and(|(f, w)| f < w) {
+        Sleep::CutShort
+    } else {
+        Sleep::Slept
+    }
+}
+
+fn step_status(s: &StepRecord, sleep: Sleep) -> &'static str {
+    match s.status {
+        StepStatus::Completed if s.is_sleep() => match sleep {
+            Sleep::Asleep => "sleeping",
+            Sleep::Slept => "slept",
+            Sleep::CutShort => "cut short",
+        },
+        StepStatus::Completed if s.attempts > 1 => "completed after retry",
+        StepStatus::Completed => "completed",
+        StepStatus::Failed => "failed",
+        _ => "other",
+    }
+}
+
+/// A sleep step's wake time and how long it sleeps.
+fn sleep_text(s: &StepRecord, sleep: Sleep) -> String {
+    let how_long = s.slept.map(|d| format!(" ({})", format::duration(d))).unwrap_or_default();
+    let until = format::opt_time(s.wake_at);
+    match sleep {
+        Sleep::Asleep => format!("sleeping until {until}{how_long}"),
+        Sleep::Slept => format!("slept until {until}{how_long}"),
+        Sleep::CutShort => format!("was to sleep until {until}{how_long}; the run ended first"),
+    }
 }
 
 fn outcome(o: AttemptOutcome) -> &'static str {

@@ -1,7 +1,8 @@
 //! `durastep why`: what a run is doing, or what holds it, in one sentence.
 
+use durastep::RunState;
+use durastep::inspect::Inspector;
 use durastep::inspect::{Blocker, BlockerKind, Why};
-use durastep::{Engine, RunState};
 use uuid::Uuid;
 
 use crate::error::CliError;
@@ -9,17 +10,18 @@ use crate::format;
 use crate::output::Out;
 
 /// `durastep why ID`.
-pub async fn why(engine: &Engine, id: Uuid, out: &mut Out) -> Result<(), CliError> {
-    let why = engine.inspect().why(id).await?;
+pub async fn why(inspector: &Inspector, id: Uuid, out: &mut Out) -> Result<(), CliError> {
+    let why = inspector.why(id).await?;
+    let text = sentence(&why);
     if out.json {
         // The API's answer, plus the sentence a person would read.
         let mut value = serde_json::to_value(&why).map_err(|e| CliError::Io(format!("cannot write JSON: {e}")))?;
         if let Some(map) = value.as_object_mut() {
-            map.insert("message".into(), sentence(&why).into());
+            map.insert("message".into(), text.into());
         }
         return out.json(&value);
     }
-    out.line(sentence(&why));
+    out.line(text);
     Ok(())
 }
 
@@ -36,12 +38,30 @@ pub fn sentence(why: &Why) -> String {
             (state, None) => state.as_str().to_owned(),
         },
         Why::Blocked(b) => blocker(b),
+        Why::Diverged { divergence, reason } => match (divergence, reason) {
+            (Some(d), _) => format!(
+                "diverged: {d}; resume it once the code fits (durastep runs resume {id}), or discard it from \
+                 position {p} (durastep runs discard {id} --from {p})",
+                id = d.run_id,
+                p = d.position
+            ),
+            (None, Some(reason)) => format!("diverged: {reason}"),
+            (None, None) => "diverged".into(),
+        },
         _ => "in a state this CLI does not know; try a newer durastep".into(),
     }
 }
 
-/// What holds a run, as a person reads it.
+/// What holds a run, as a person reads it, with the sleep, wait or invoke
+/// step it is in when the library knows it.
 pub fn blocker(b: &Blocker) -> String {
+    match &b.step {
+        Some(step) => format!("{} (in step {step})", held_by(b)),
+        None => held_by(b),
+    }
+}
+
+fn held_by(b: &Blocker) -> String {
     let state = b.state.as_str();
     let rule = b.rule.as_deref().unwrap_or("?");
     let key = match b.key.as_deref() {
@@ -52,7 +72,7 @@ pub fn blocker(b: &Blocker) -> String {
         Some(t) => format!("{what} {}", format::time(t)),
         None => "no set time".into(),
     };
-    let n = |v: Option<i32>| v.map(|v| v.to_string()).unwrap_or_else(|| "?".into());
+    let n = |v: Option<u32>| v.map(|v| v.to_string()).unwrap_or_else(|| "?".into());
     let detail = b.detail.as_deref().unwrap_or("?");
     match b.kind {
         BlockerKind::Concurrency => format!(
@@ -92,5 +112,29 @@ pub fn blocker(b: &Blocker) -> String {
             b.function_id
         ),
         other => format!("{state}: held by {}", other.as_str()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use durastep::{Divergence, EntryKind, JournalEntry};
+
+    /// Catches: a diverged run shown as "a state this CLI does not know".
+    #[test]
+    fn diverged_says_where_and_what_to_do() {
+        let d = Divergence {
+            run_id: Uuid::nil(),
+            function_id: "flow".into(),
+            position: 2,
+            recorded: Some(JournalEntry::new(EntryKind::Step, "b")),
+            asked: Some(JournalEntry::new(EntryKind::Step, "b2")),
+        };
+        let text = sentence(&Why::Diverged { divergence: Some(d), reason: None });
+        assert!(text.starts_with("diverged: run"), "{text}");
+        assert!(text.contains("position 2: recorded step \"b\", asked step \"b2\""), "{text}");
+        let id = Uuid::nil();
+        assert!(text.contains(&format!("durastep runs resume {id}")), "{text}");
+        assert!(text.contains(&format!("durastep runs discard {id} --from 2")), "{text}");
     }
 }

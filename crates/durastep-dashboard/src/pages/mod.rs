@@ -3,12 +3,15 @@
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 
-use crate::html::{self, esc};
+use maud::{Markup, html};
+
+use crate::html as shell;
 
 pub(crate) mod functions;
 pub(crate) mod overview;
 pub(crate) mod run;
 pub(crate) mod runs;
+pub(crate) mod timeline;
 
 /// A page that could not be rendered, as an HTML error page.
 #[derive(Debug)]
@@ -19,6 +22,8 @@ pub(crate) enum PageError {
     BadRequest(String),
     /// 409: the action does not apply to the run as it is now.
     Conflict(String),
+    /// 403: the action is not available here (a read-only dashboard).
+    Forbidden(String),
     /// 500: the database failed; the detail goes to the log, not the page.
     Internal,
 }
@@ -46,13 +51,17 @@ impl IntoResponse for PageError {
             PageError::NotFound(m) => (StatusCode::NOT_FOUND, m),
             PageError::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
             PageError::Conflict(m) => (StatusCode::CONFLICT, m),
+            PageError::Forbidden(m) => (StatusCode::FORBIDDEN, m),
             PageError::Internal => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "the database query failed; see the dashboard's log".to_owned())
             }
         };
         let title = status.canonical_reason().unwrap_or("Error");
-        let body = format!("<h1>{} {}</h1><p class=\"err\">{}</p>", status.as_u16(), esc(title), esc(&message));
-        (status, Html(html::page(title, &body, None))).into_response()
+        let body = html! {
+            h1 { (status.as_u16()) " " (title) }
+            p.err { (message) }
+        };
+        (status, Html(shell::page(title, body, None, None))).into_response()
     }
 }
 
@@ -64,6 +73,16 @@ pub(crate) async fn not_found() -> PageError {
     PageError::NotFound("no such page".into())
 }
 
+/// What a hidden key or error text says instead of itself.
+pub(crate) const HIDDEN_VALUE: &str = "(hidden)";
+
 /// What a hidden value says instead of itself.
-pub(crate) const HIDDEN: &str = "<p class=\"muted\">Hidden: outputs and event data are shown only with an \
-    access token configured, or with <code>show_data</code> in loopback mode.</p>";
+pub(crate) fn hidden() -> Markup {
+    html! {
+        p.muted {
+            "Hidden: outputs, event data, keys and error texts are shown only with an access token configured, \
+             or when the dashboard is started with "
+            code { "--show-data" } " (" code { "DashboardConfig::show_data" } ") in loopback mode."
+        }
+    }
+}

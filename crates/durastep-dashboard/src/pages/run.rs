@@ -1,19 +1,17 @@
 //! One run: its state, why it is not running, the replay and cancel forms, its
 //! event, step timeline, executions, state history and children.
 
-use std::fmt::Write as _;
-
 use axum::extract::{Path, Query, State};
-use axum::response::Html;
 use chrono::{DateTime, Utc};
 use durastep::RunState;
-use durastep::inspect::{Blocker, RunDetail, StepStatus};
+use durastep::inspect::{Blocker, BlockerKind, ErrorStanding, RunDetail, StepStatus};
+use maud::{Markup, html};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{HIDDEN, PageError, PageResult};
+use super::{PageError, PageResult, hidden, timeline};
 use crate::App;
-use crate::html::{self, esc};
+use crate::html::{self as shell, query};
 
 /// `?done=` after an action redirected here.
 #[derive(Deserialize)]
@@ -30,256 +28,325 @@ pub(crate) fn run_id(raw: &str) -> Result<Uuid, PageError> {
 /// GET /runs/{id}
 pub(crate) async fn show(State(app): State<App>, Path(raw): Path<String>, Query(n): Query<Notice>) -> PageResult {
     let id = run_id(&raw)?;
-    let d = app.engine.inspect().run(id).await?;
-    let mut body = String::new();
+    let d = app.inspector.run(id).await?;
     let r = &d.run;
-    let _ = write!(body, "<h1>Run <code>{}</code></h1>", r.id);
-    match n.done.as_str() {
-        "replayed" => body.push_str("<p class=\"s s-queued\">Replay queued.</p>"),
-        "cancelled" => body.push_str("<p class=\"s s-cancelled\">Cancelled.</p>"),
-        _ => {}
-    }
-    let _ = write!(
-        body,
-        "<table><tr><th>Function</th><td><a href=\"/runs{}\">{}</a></td></tr>\
-         <tr><th>State</th><td id=\"state\">{}</td></tr>\
-         <tr><th>Attempt</th><td>{} of {}</td></tr>\
-         <tr><th>Created</th><td>{}</td></tr><tr><th>Due</th><td>{}</td></tr><tr><th>Finished</th><td>{}</td></tr>",
-        esc(&html::query(&[("function", &r.function_id)])),
-        esc(&r.function_id),
-        html::state_badge(r.state),
-        r.attempt,
-        r.max_attempts,
-        html::time(r.created_at),
-        html::time(r.run_at),
-        html::opt_time(r.finished_at),
-    );
-    if let Some(e) = &r.last_error {
-        let _ = write!(body, "<tr><th>Last error</th><td class=\"err\">{}</td></tr>", esc(e));
-    }
-    if let Some(c) = &r.cancel_reason {
-        let _ = write!(body, "<tr><th>Cancel reason</th><td>{}</td></tr>", esc(c));
-    }
-    body.push_str("</table>");
-    actions(&mut body, &app, r.id, r.state);
-    why(&mut body, &d);
-    if let Some(output) = &r.output {
-        body.push_str("<h2>Output</h2>");
-        body.push_str(&if app.show_data { html::json_block(output) } else { HIDDEN.to_owned() });
-    }
-    event(&mut body, &app, &d);
-    steps(&mut body, &app, &d);
-    executions(&mut body, &d);
-    history(&mut body, &d);
-    if !d.children.is_empty() {
-        body.push_str("<h2>Children</h2><table><tr><th>Run</th><th>Function</th><th>State</th></tr>");
-        for c in &d.children {
-            let _ = write!(
-                body,
-                "<tr><td><a href=\"/runs/{id}\">{id}</a></td><td>{}</td><td>{}</td></tr>",
-                esc(&c.function_id),
-                html::state_badge(c.state),
-                id = c.id
-            );
+    // A pending wait or invoke is drawn to now, by the database clock.
+    let now = if r.state == RunState::Waiting { app.inspector.db_now().await? } else { Utc::now() };
+    let step_spans = timeline::step_spans(&d);
+    let spans = timeline::spans(&d, &step_spans, now);
+    let axis = timeline::Axis::of(&d, &spans);
+    let body = html! {
+        h1 { "Run " code { (r.id) } }
+        @match n.done.as_str() {
+            "replayed" => p class="s s-queued" { "Replay queued." },
+            "cancelled" => p class="s s-cancelled" { "Cancelled." },
+            _ => {},
         }
-        body.push_str("</table>");
-    }
-    Ok(Html(html::page(&format!("Run {}", r.id), &body, None)))
-}
-
-fn actions(out: &mut String, app: &App, id: Uuid, state: RunState) {
-    let csrf = esc(app.access.csrf());
-    let hidden = format!("<input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">");
-    if matches!(state, RunState::Failed | RunState::Cancelled) {
-        let _ = write!(
-            out,
-            "<form class=\"inline\" method=\"post\" action=\"/runs/{id}/replay\">{hidden}\
-             <input type=\"hidden\" name=\"from\" value=\"failed_step\">\
-             <button id=\"replay\" type=\"submit\">Replay</button></form>\
-             <form class=\"inline\" method=\"post\" action=\"/runs/{id}/replay\">{hidden}\
-             <input type=\"hidden\" name=\"from\" value=\"start\">\
-             <button id=\"replay-start\" type=\"submit\">Replay from start</button></form>\
-             <p class=\"muted\">Replay keeps the finished steps (they return their stored results) and resumes at \
-             the step that failed; from start discards them.</p>"
-        );
-    } else if !state.is_finished() {
-        let _ = write!(
-            out,
-            "<form class=\"inline\" method=\"post\" action=\"/runs/{id}/cancel\">{hidden}\
-             <input name=\"reason\" value=\"cancelled from the dashboard\" size=\"40\"> \
-             <button id=\"cancel\" type=\"submit\">Cancel</button></form>"
-        );
-    }
-}
-
-fn why(out: &mut String, d: &RunDetail) {
-    out.push_str("<h2>Why it is not running</h2>");
-    let r = &d.run;
-    match (&d.blocker, r.state) {
-        (_, RunState::Running) => {
-            let worker = d.attempts.last().and_then(|a| a.worker_id);
-            let _ = write!(
-                out,
-                "<p>It is running: attempt {} on worker {}.</p>",
-                r.attempt,
-                worker.map_or_else(|| "?".into(), |w| w.to_string())
-            );
+        table {
+            tr { th { "Function" } td { a href={ "/runs" (query(&[("function", &r.function_id)])) } { (r.function_id) } } }
+            tr { th { "State" } td #state { (shell::state_badge(r.state)) } }
+            tr { th { "Attempt" } td { (r.attempt) " of " (r.max_attempts) } }
+            tr { th { "Created" } td { (shell::time(r.created_at)) } }
+            tr { th { "Due" } td { (shell::time(r.run_at)) } }
+            tr { th { "Finished" } td { (shell::opt_time(r.finished_at)) } }
+            // What the error is to the run is the library's answer (ErrorStanding).
+            @match &d.error {
+                Some(e) if e.standing == ErrorStanding::Recovered => tr {
+                    th { "Recovered error" }
+                    td #recovered .muted {
+                        (app.data(&e.message)) " " i { "(an earlier attempt failed; a retry completed the run)" }
+                    }
+                },
+                Some(e) if e.standing.is_failure() => tr {
+                    th { "Error" }
+                    td {
+                        b #failure {
+                            @if e.standing == ErrorStanding::Permanent {
+                                "Failed permanently (a permanent error: not retried)"
+                            } @else {
+                                "Failed on its last attempt (all " (r.max_attempts) " used)"
+                            }
+                        }
+                        br;
+                        span.err { (app.data(&e.message)) }
+                    }
+                },
+                Some(e) => tr { th { "Last error" } td.err { (app.data(&e.message)) } },
+                None => {},
+            }
+            @if let Some(c) = &r.cancel_reason {
+                tr { th { "Cancel reason" } td { (app.data(c)) } }
+            }
         }
-        (_, s) if s.is_finished() => {
-            let _ = write!(out, "<p>It has finished ({}); it runs again only if replayed.</p>", s.as_str());
+        (actions(&app, r.id, r.state))
+        (why(&app, &d))
+        @if let Some(output) = &r.output {
+            h2 { "Output" }
+            @if app.show_data { (shell::json_block(output)) } @else { (hidden()) }
         }
-        (Some(b), _) => blocker(out, b),
-        (None, _) => out.push_str("<p class=\"muted\">Nothing holds it now; it is about to be claimed.</p>"),
-    }
-}
-
-fn blocker(out: &mut String, b: &Blocker) {
-    let _ = write!(out, "<table><tr><th>Held by</th><td id=\"blocker\">{}</td></tr>", esc(b.kind.as_str()));
-    let row = |out: &mut String, k: &str, v: &str| {
-        let _ = write!(out, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(v));
+        (event(&app, &d))
+        (timeline::waterfall(&spans, &axis))
+        (steps(&app, &d, &step_spans, &axis))
+        (executions(&app, &d))
+        (history(&app, &d))
+        @if !d.children.is_empty() {
+            h2 { "Children" }
+            table {
+                tr { th { "Run" } th { "Function" } th { "State" } }
+                @for c in &d.children {
+                    tr {
+                        td { a href={ "/runs/" (c.id) } { (c.id) } }
+                        td { (c.function_id) }
+                        td { (shell::state_badge(c.state)) }
+                    }
+                }
+            }
+        }
     };
+    Ok(shell::app_page(&app, &format!("Run {}", r.id), body, None))
+}
+
+fn actions(app: &App, id: Uuid, state: RunState) -> Markup {
+    if app.engine.is_none() {
+        return html! {};
+    }
+    let csrf = app.access.csrf();
+    html! {
+        @if matches!(state, RunState::Failed | RunState::Cancelled) {
+            form.inline method="post" action={ "/runs/" (id) "/replay" } {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="from" value="failed_step";
+                button #replay type="submit" { "Replay" }
+            }
+            form.inline method="post" action={ "/runs/" (id) "/replay" } {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="from" value="start";
+                button #replay-start type="submit" { "Replay from start" }
+            }
+            p.muted {
+                "Replay keeps the finished steps (they return their stored results) and resumes at the step that \
+                 failed; from start discards them."
+            }
+        } @else if !state.is_finished() {
+            form.inline method="post" action={ "/runs/" (id) "/cancel" } {
+                input type="hidden" name="csrf" value=(csrf);
+                input name="reason" value="cancelled from the dashboard" size="40";
+                " "
+                button #cancel type="submit" { "Cancel" }
+            }
+        }
+    }
+}
+
+fn why(app: &App, d: &RunDetail) -> Markup {
+    let r = &d.run;
+    if r.state.is_finished() {
+        return html! {
+            h2 { "Status" }
+            p { "It has finished (" (r.state.as_str()) "); it runs again only if replayed." }
+        };
+    }
+    html! {
+        h2 { @if r.state == RunState::Running { "What it is doing" } @else { "Why it is not running" } }
+        @match (&d.blocker, r.state) {
+            (_, RunState::Running) => {
+                @let worker = d.attempts.last().and_then(|a| a.worker_id);
+                p {
+                    "It is running: attempt " (r.attempt) " on worker "
+                    (worker.map_or_else(|| "?".into(), |w| w.to_string())) "."
+                }
+            },
+            (_, RunState::Diverged) => p #diverged {
+                "Its replay diverged from what it recorded (the function's code changed): "
+                // The run's last error, hidden like every error text (it quotes step keys).
+                (r.last_error.as_deref().map_or("?", |e| app.data(e)))
+                ". It stays parked until an operator resumes it once the code fits, or discards it from that \
+                 position."
+            },
+            (Some(b), _) => {
+                // The step it is in, as the library names it (Blocker::step).
+                @let step = b.step.as_deref();
+                @if let Some(sleep) = d.steps.iter().find(|s| Some(s.name.as_str()) == step && s.is_sleep()) {
+                    p #asleep { "In the sleep step " b { (sleep.name) } ", until " (shell::opt_time(sleep.wake_at)) "." }
+                } @else if let Some(step) = step {
+                    p #held-step { "In the step " b { (step) } "." }
+                }
+                (blocker(app, b))
+            },
+            (None, _) => p.muted { "Nothing holds it now; it is about to be claimed." },
+        }
+    }
+}
+
+fn blocker(app: &App, b: &Blocker) -> Markup {
+    let mut rows: Vec<(&str, String)> = Vec::new();
     if let Some(rule) = &b.rule {
-        row(out, "Rule", rule);
+        rows.push(("Rule", rule.clone()));
     }
     if let Some(key) = &b.key {
-        row(out, "Key", key);
+        rows.push(("Key", app.data(key).to_owned()));
     }
     match (b.in_use, b.limit) {
-        (Some(u), Some(l)) => row(out, "Slots in use", &format!("{u} of {l}")),
-        (None, Some(l)) => row(out, "Limit", &l.to_string()),
+        (Some(u), Some(l)) => rows.push(("Slots in use", format!("{u} of {l}"))),
+        (None, Some(l)) => rows.push(("Limit", l.to_string())),
         _ => {}
     }
-    row(
-        out,
+    rows.push((
         "Next possible start",
-        &b.next_possible_start.map_or_else(|| "when a slot frees, or the awaited event comes".into(), html::time),
-    );
+        b.next_possible_start.map_or_else(|| "when a slot frees, or the awaited event comes".into(), shell::time),
+    ));
     if let Some(detail) = &b.detail {
-        row(out, "Detail", detail);
+        // The awaited event's name and the child run's id are shown as they
+        // are; any other detail (a backoff's is the run's last error) is data.
+        let detail = match b.kind {
+            BlockerKind::WaitForEvent | BlockerKind::Invoke => detail,
+            _ => app.data(detail),
+        };
+        rows.push(("Detail", detail.to_owned()));
     }
-    out.push_str("</table>");
+    html! {
+        table {
+            tr { th { "Held by" } td #blocker { (b.kind.as_str()) } }
+            @for (k, v) in &rows { tr { th { (k) } td { (v) } } }
+        }
+    }
 }
 
-fn event(out: &mut String, app: &App, d: &RunDetail) {
+fn event(app: &App, d: &RunDetail) -> Markup {
     let e = &d.event;
-    let _ = write!(
-        out,
-        "<h2>Event</h2><table><tr><th>Name</th><td>{}</td></tr><tr><th>Id</th><td>{}</td></tr>\
-         <tr><th>Idempotency key</th><td>{}</td></tr><tr><th>Sent</th><td>{}</td></tr>\
-         <tr><th>Runs started</th><td>{}</td></tr></table>",
-        esc(&e.name),
-        e.id,
-        esc(e.idempotency_key.as_deref().unwrap_or("–")),
-        html::time(e.created_at),
-        e.runs,
-    );
-    out.push_str(&if app.show_data { html::json_block(&e.data) } else { HIDDEN.to_owned() });
+    html! {
+        h2 { "Event" }
+        table {
+            tr { th { "Name" } td { (e.name) } }
+            tr { th { "Id" } td { (e.id) } }
+            tr { th { "Idempotency key" } td { (e.idempotency_key.as_deref().map_or("–", |k| app.data(k))) } }
+            tr { th { "Sent" } td { (shell::time(e.created_at)) } }
+            tr { th { "Runs started" } td { (e.runs) } }
+        }
+        @if app.show_data { (shell::json_block(&e.data)) } @else { (hidden()) }
+    }
 }
 
-fn steps(out: &mut String, app: &App, d: &RunDetail) {
-    out.push_str("<h2>Steps</h2>");
+fn steps(app: &App, d: &RunDetail, spans: &[Option<timeline::Span>], axis: &timeline::Axis) -> Markup {
     if d.steps.is_empty() {
-        out.push_str("<p class=\"muted\">No step has finished or failed yet.</p>");
-        return;
+        return html! { h2 { "Steps" } p.muted { "No step has finished or failed yet." } };
     }
-    // Bars: each step's time span on the run's time line (created to last step end).
-    let start = d.run.created_at;
-    let end = d.steps.iter().filter_map(|s| s.finished_at).max().unwrap_or(start);
-    let span = (end - start).num_microseconds().unwrap_or(1).max(1) as f64;
-    let offset =
-        |t: DateTime<Utc>| ((t - start).num_microseconds().unwrap_or(0) as f64 / span * 300.0).clamp(0.0, 300.0);
-    out.push_str(
-        "<table><tr><th>Step</th><th>Status</th><th>Executions</th><th>Attempt</th><th>Started</th><th>Finished</th>\
-         <th>Duration</th><th>Timeline</th><th>Error / output</th></tr>",
-    );
-    for s in &d.steps {
-        let status = match s.status {
-            StepStatus::Completed => "<span class=\"s s-completed\">completed</span>",
-            _ => "<span class=\"s s-failed\">failed</span>",
-        };
-        let bar = match (s.started_at, s.finished_at) {
-            (Some(a), Some(b)) => {
-                let (x, y) = (offset(a), offset(b));
-                let class = if s.status == StepStatus::Completed { "bar" } else { "bar f" };
-                format!(
-                    "<span style=\"margin-left:{x:.0}px;width:{:.0}px\" class=\"{class}\"></span>",
-                    (y - x).max(2.0)
-                )
+    // Bars: each step's span on the timeline's axis (a wait or invoke from
+    // when it held the run to when it resolved).
+    let offset = |t: DateTime<Utc>| axis.at(t, 300.0);
+    html! {
+        h2 { "Steps" }
+        table {
+            tr {
+                th { "Step" } th { "Status" } th { "Executions" } th { "Attempt" } th { "Started" } th { "Finished" }
+                th { "Duration" } th { "Timeline" } th { "Error / output" }
             }
-            (None, Some(b)) => {
-                format!("<span style=\"margin-left:{:.0}px;width:2px\" class=\"bar f\"></span>", offset(b))
+            @for (s, t) in d.steps.iter().zip(spans) {
+                @let kind = t.as_ref().map(|t| t.kind);
+                tr {
+                    td { (s.name) }
+                    td {
+                        @match s.status {
+                            StepStatus::Completed if s.is_sleep() => span class="s s-sleeping" { "sleep" },
+                            StepStatus::Completed if kind == Some(timeline::Kind::Wait) => {
+                                span class="s s-waiting" { "wait" }
+                            },
+                            StepStatus::Completed if kind == Some(timeline::Kind::Invoke) => {
+                                span class="s s-waiting" { "child run" }
+                            },
+                            StepStatus::Completed if s.attempts > 1 => {
+                                span class="s s-completed" { "completed" } " " span.muted { "(recovered)" }
+                            },
+                            StepStatus::Completed => span class="s s-completed" { "completed" },
+                            _ => span class="s s-failed" { "failed" },
+                        }
+                    }
+                    td.n { (s.attempts) }
+                    td.n { (s.attempt.map_or_else(|| "–".into(), |a| a.to_string())) }
+                    td { (shell::opt_time(s.started_at)) }
+                    td { (shell::opt_time(s.finished_at)) }
+                    td.n {
+                        @if s.is_sleep() { "–" } @else { (s.duration.map_or_else(|| "–".into(), shell::duration)) }
+                    }
+                    td style="width:300px" {
+                        @if let Some(t) = &t {
+                            @let (x, y) = (offset(t.start), offset(t.end));
+                            span.bar title=(t.title) style=(format!(
+                                "margin-left:{x:.0}px;width:{:.0}px;background:{}", (y - x).max(2.0), t.kind.color()
+                            )) {}
+                        }
+                    }
+                    td {
+                        @match (&s.error, &s.output) {
+                            (None, Some(_)) if s.is_sleep() => span.sleep {
+                                "sleep until " (shell::opt_time(s.wake_at))
+                                @if let Some(slept) = s.slept { ", " (shell::duration(slept)) }
+                            },
+                            (Some(e), _) => span.err { (app.data(e)) },
+                            (None, Some(o)) if app.show_data => details { summary { "output" } (shell::json_block(o)) },
+                            (None, Some(_)) => span.muted { "output hidden" },
+                            (None, None) => {},
+                        }
+                    }
+                }
             }
-            _ => String::new(),
-        };
-        let detail = match (&s.error, &s.output) {
-            (Some(e), _) => format!("<span class=\"err\">{}</span>", esc(e)),
-            (None, Some(o)) if app.show_data => {
-                format!("<details><summary>output</summary>{}</details>", html::json_block(o))
-            }
-            (None, Some(_)) => "<span class=\"muted\">output hidden</span>".into(),
-            (None, None) => String::new(),
-        };
-        let _ = write!(
-            out,
-            "<tr><td>{}</td><td>{status}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td>\
-             <td class=\"n\">{}</td><td style=\"width:300px\">{bar}</td><td>{detail}</td></tr>",
-            esc(&s.name),
-            s.attempts,
-            s.attempt.map_or_else(|| "–".into(), |a| a.to_string()),
-            html::opt_time(s.started_at),
-            html::opt_time(s.finished_at),
-            s.duration.map_or_else(|| "–".into(), html::duration),
-        );
+        }
     }
-    out.push_str("</table>");
 }
 
-fn executions(out: &mut String, d: &RunDetail) {
-    out.push_str("<h2>Executions</h2>");
+fn executions(app: &App, d: &RunDetail) -> Markup {
     if d.attempts.is_empty() {
-        out.push_str("<p class=\"muted\">Not claimed yet.</p>");
-        return;
+        return html! { h2 { "Executions" } p.muted { "Not claimed yet." } };
     }
-    out.push_str(
-        "<table><tr><th>Attempt</th><th>Worker</th><th>Started</th><th>Ended</th><th>Took</th><th>Outcome</th>\
-         <th>Failed step</th><th>Error</th></tr>",
-    );
-    for a in &d.attempts {
-        let took = a.ended_at.and_then(|e| (e - a.started_at).to_std().ok()).map_or_else(|| "–".into(), html::duration);
-        let outcome = a.outcome.as_str();
-        let _ = write!(
-            out,
-            "<tr><td class=\"n\">{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{took}</td><td>{}</td>\
-             <td>{}</td><td class=\"err\">{}</td></tr>",
-            a.attempt,
-            a.worker_id.map_or_else(|| "–".into(), |w| w.to_string()),
-            html::time(a.started_at),
-            html::opt_time(a.ended_at),
-            esc(outcome),
-            esc(a.failed_step.as_deref().unwrap_or("")),
-            esc(a.error.as_deref().unwrap_or("")),
-        );
+    html! {
+        h2 { "Executions" }
+        table {
+            tr {
+                th { "Attempt" } th { "Worker" } th { "Started" } th { "Ended" } th { "Took" } th { "Outcome" }
+                th { "Failed step" } th { "Error" }
+            }
+            @for a in &d.attempts {
+                @let took =
+                    a.ended_at.and_then(|e| (e - a.started_at).to_std().ok()).map_or_else(|| "–".into(), shell::duration);
+                tr {
+                    td.n { (a.attempt) }
+                    td { (a.worker_id.map_or_else(|| "–".into(), |w| w.to_string())) }
+                    td { (shell::time(a.started_at)) }
+                    td { (shell::opt_time(a.ended_at)) }
+                    td.n { (took) }
+                    td { (a.outcome.as_str()) }
+                    td { (a.failed_step.as_deref().unwrap_or("")) }
+                    td.err { (a.error.as_deref().map_or("", |e| app.data(e))) }
+                }
+            }
+        }
     }
-    out.push_str("</table>");
 }
 
-fn history(out: &mut String, d: &RunDetail) {
+fn history(app: &App, d: &RunDetail) -> Markup {
     if d.history.is_empty() {
-        return;
+        return html! {};
     }
-    out.push_str(
-        "<h2>State history</h2><table><tr><th>At</th><th>State</th><th>Attempt</th><th>Step</th><th>Error</th></tr>",
-    );
-    for h in &d.history {
-        let _ = write!(
-            out,
-            "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td>{}</td><td class=\"err\">{}</td></tr>",
-            html::time(h.at),
-            html::state_badge(h.state),
-            h.attempt,
-            esc(h.step.as_deref().unwrap_or("")),
-            esc(h.error.as_deref().unwrap_or("")),
-        );
+    html! {
+        h2 { "State history" }
+        table {
+            tr { th { "At" } th { "State" } th { "Attempt" } th { "Step" } th { "Error" } }
+            @for h in &d.history {
+                tr {
+                    td { (shell::time(h.at)) }
+                    td {
+                        (shell::state_badge(h.state))
+                        @match (h.replayed, &h.cancel_reason) {
+                            (true, _) => { " " b.mark { "replayed" } },
+                            (false, Some(reason)) => { " " span.mark { "reason: " (app.data(reason)) } },
+                            (false, None) => {},
+                        }
+                    }
+                    td.n { (h.attempt) }
+                    td { (h.step.as_deref().unwrap_or("")) }
+                    td.err { (h.error.as_deref().map_or("", |e| app.data(e))) }
+                }
+            }
+        }
     }
-    out.push_str("</table>");
 }

@@ -1,6 +1,7 @@
 //! Shared helpers for the dashboard tests: an engine on the test's own
 //! database, a worker in the background, requests to the router in process,
-//! a function that fails while a flag says so, and 100,000 seeded runs.
+//! a function that fails while a flag says so, a run made to diverge by a
+//! second build of its function, and 100,000 seeded runs.
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -216,4 +217,51 @@ pub async fn seeded_run(engine: &Engine, i: i64) -> Uuid {
         .fetch_one(engine.pool())
         .await
         .expect("seeded id")
+}
+
+/// `probe`: a step named `first_step`, then a one-hour durable sleep. Two
+/// builds with different first step names are the code change of a deploy: a
+/// run the first build left asleep diverges at position 0 under the second.
+pub fn probe(first_step: &'static str) -> Function {
+    Function::new("probe").on_event("probe/go").handler(move |ctx: Ctx, _: Value| async move {
+        ctx.step(first_step, || async { Ok(1) }).await?;
+        ctx.sleep("nap", Duration::from_secs(3600)).await?;
+        Ok(())
+    })
+}
+
+/// A diverged run: the first build of [`probe`] (step `lookup`) runs it into
+/// its sleep and its worker stops; then an engine with `probe(asked_step)` and
+/// `others` moves the database clock past the sleep, and its worker parks the
+/// run as diverged (recorded step `lookup`, asked `asked_step`). Returns that
+/// engine, the run and the engine's worker.
+pub async fn diverged_run(
+    opts: &PgConnectOptions,
+    asked_step: &'static str,
+    others: Vec<Function>,
+) -> (Engine, Uuid, WorkerGuard) {
+    let v1 = engine(opts, vec![probe("lookup")]).await;
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn({
+        let (e, t) = (v1.clone(), stop.clone());
+        async move { e.run_worker(t).await }
+    });
+    let id = v1.send(Event::new("probe/go", &json!({}))).await.expect("send").run_ids[0];
+    wait_for(&v1, id, "the first build's run to sleep", |r| r.state == durastep::RunState::Sleeping).await;
+    // Stopped for good before the clock moves: the first build must not wake it.
+    stop.cancel();
+    tokio::time::timeout(DEADLINE, worker).await.expect("the first worker stops").expect("join").expect("worker");
+
+    let mut functions = vec![probe(asked_step)];
+    functions.extend(others);
+    let v2 = engine(opts, functions).await;
+    let guard = spawn_worker(&v2);
+    for sql in [
+        "UPDATE durastep.clock SET offset_by = offset_by + interval '2 hours'",
+        "SELECT pg_notify('durastep_wakeup', '')",
+    ] {
+        sqlx::query(sql).execute(v2.pool()).await.expect("move the clock past the sleep");
+    }
+    wait_for(&v2, id, "the run to diverge under the second build", |r| r.state == durastep::RunState::Diverged).await;
+    (v2, id, guard)
 }

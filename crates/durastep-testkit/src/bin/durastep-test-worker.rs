@@ -74,6 +74,9 @@ struct Args {
     /// this process holds the pipe: if it dies, the worker goes too).
     #[arg(long)]
     exit_on_stdin_eof: bool,
+    /// Also register the randomized workload's functions (durastep_testkit::workload).
+    #[arg(long, env = "DURASTEP_TEST_WORKLOAD")]
+    workload: bool,
     /// Poll only: no LISTEN/NOTIFY wake-ups.
     #[arg(long, env = "DURASTEP_TEST_NO_LISTEN")]
     no_listen: bool,
@@ -146,6 +149,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Engine::builder().database_url(&args.database_url).max_connections(args.pool_size).worker_options(options);
     for f in functions::all(settings, &ledger) {
         builder = builder.function(f);
+    }
+    if args.workload {
+        for f in durastep_testkit::workload::functions(&ledger) {
+            builder = builder.function(f);
+        }
     }
     let engine = builder.build().await?;
 

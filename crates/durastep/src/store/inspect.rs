@@ -1,13 +1,19 @@
-//! The SQL of the inspection API (`crate::inspect`) and of the operator's
-//! actions on stored runs: replay and pruning.
+//! Inspection reads: the SQL of the inspection API (`crate::inspect`), of
+//! `check_deploy`'s dry replay, and of loading one run. Nothing here writes:
+//! the operator's actions live in `admin`.
+
+use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::{PgPool, Postgres, QueryBuilder};
+use sqlx::{PgPool, Postgres, QueryBuilder, Row};
 use uuid::Uuid;
 
-use super::secs;
 use std::time::Duration;
+
+use super::{journal_of, secs};
+use crate::RunState;
+use crate::journal::JournalEntry;
 
 /// The filter of a run listing, as SQL needs it.
 #[derive(Default)]
@@ -33,9 +39,10 @@ pub(crate) struct RunListRow {
     pub event_id: Uuid,
     pub event_name: String,
     pub idempotency_key: Option<String>,
-    pub state: String,
+    pub state: RunState,
     pub attempt: i32,
     pub max_attempts: i32,
+    pub lease_losses: i32,
     pub run_at: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -71,7 +78,8 @@ fn push_run_filter(b: &mut QueryBuilder<Postgres>, q: &RunQuery<'_>) {
 pub(crate) async fn list_runs(pool: &PgPool, q: &RunQuery<'_>) -> Result<Vec<RunListRow>, sqlx::Error> {
     let mut b = QueryBuilder::new(
         "SELECT r.id, r.function_id, r.event_id, e.name AS event_name, e.idempotency_key, r.state, r.attempt,
-                r.max_attempts, r.run_at, r.created_at, r.finished_at, r.last_error
+                r.max_attempts, r.lease_losses, least(r.run_at, '9999-12-31 23:59:59+00') AS run_at, r.created_at,
+                r.finished_at, r.last_error
            FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id",
     );
     push_run_filter(&mut b, q);
@@ -139,7 +147,7 @@ pub(crate) async fn list_events(
 #[derive(sqlx::FromRow)]
 pub(crate) struct HistoryRow {
     pub at: DateTime<Utc>,
-    pub state: String,
+    pub state: RunState,
     pub attempt: i32,
     pub worker_id: Option<Uuid>,
     pub error: Option<String>,
@@ -181,7 +189,7 @@ pub(crate) async fn load_steps(pool: &PgPool, run_id: Uuid) -> Result<Vec<StepRo
 }
 
 /// The child runs (ctx.invoke) of a run.
-pub(crate) async fn load_children(pool: &PgPool, run_id: Uuid) -> Result<Vec<(Uuid, String, String)>, sqlx::Error> {
+pub(crate) async fn load_children(pool: &PgPool, run_id: Uuid) -> Result<Vec<(Uuid, String, RunState)>, sqlx::Error> {
     sqlx::query_as("SELECT id, function_id, state FROM durastep.runs WHERE parent_run_id = $1 ORDER BY created_at, id")
         .bind(run_id)
         .fetch_all(pool)
@@ -193,7 +201,7 @@ pub(crate) async fn load_children(pool: &PgPool, run_id: Uuid) -> Result<Vec<(Uu
 pub(crate) struct BlockerRow {
     pub run_id: Uuid,
     pub function_id: String,
-    pub state: String,
+    pub state: RunState,
     pub blocker: String,
     pub rule: Option<String>,
     pub key: Option<String>,
@@ -223,9 +231,80 @@ pub(crate) async fn blockers(
     .await
 }
 
+/// Where a held run stands, for naming its step: one row per candidate.
+#[derive(sqlx::FromRow)]
+pub(crate) struct HeldStepRow {
+    /// `wait` (a `durastep.waits` row), `invoke` (a child run) or `sleep` (a
+    /// stored step that may be a sleep record).
+    pub source: String,
+    pub run_id: Uuid,
+    pub step_key: String,
+    /// The awaited event (waits).
+    pub event_name: Option<String>,
+    /// The stored record (sleeps; maybe sealed).
+    pub output: Option<Value>,
+}
+
+/// The candidates for the step each held run is in: the waits of `waiting`
+/// runs (oldest first, as `run_blockers` picks its event), the step keys of
+/// the child runs `children` were invoked at, and the stored steps of
+/// `sleeping` runs that can be a sleep record (`{"wake_at": ...}`, or a sealed
+/// or escaped value). Oldest first (by when each was stored).
+pub(crate) async fn held_steps(
+    pool: &PgPool,
+    waiting: &[Uuid],
+    children: &[Uuid],
+    sleeping: &[Uuid],
+) -> Result<Vec<HeldStepRow>, sqlx::Error> {
+    sqlx::query_as(
+        r#"SELECT 'wait' AS source, w.run_id, w.step_key, w.event_name, NULL::jsonb AS output, w.created_at AS at
+             FROM durastep.waits w WHERE w.run_id = ANY ($1)
+           UNION ALL
+           SELECT 'invoke', c.parent_run_id, c.parent_step_key, NULL, NULL, c.created_at
+             FROM durastep.runs c WHERE c.id = ANY ($2) AND c.parent_step_key IS NOT NULL
+           UNION ALL
+           SELECT 'sleep', s.run_id, s.step_key, NULL, s.output, s.created_at
+             FROM durastep.step_results s
+            WHERE s.run_id = ANY ($3)
+              AND (s.output ? 'wake_at' OR s.output ? '$durastep' OR s.output ? '$sealed')
+            ORDER BY at, step_key"#,
+    )
+    .bind(waiting)
+    .bind(children)
+    .bind(sleeping)
+    .fetch_all(pool)
+    .await
+}
+
 /// Runs per function and state.
-pub(crate) async fn counts(pool: &PgPool) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+pub(crate) async fn counts(pool: &PgPool) -> Result<Vec<(String, RunState, i64)>, sqlx::Error> {
     sqlx::query_as("SELECT function_id, state, count(*) FROM durastep.runs GROUP BY 1, 2 ORDER BY 1, 2")
+        .fetch_all(pool)
+        .await
+}
+
+/// The planner's row estimate of `durastep.runs` (-1 before its first ANALYZE).
+pub(crate) async fn runs_row_estimate(pool: &PgPool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT reltuples::bigint FROM pg_catalog.pg_class WHERE oid = 'durastep.runs'::regclass")
+        .fetch_one(pool)
+        .await
+}
+
+/// Exact counts of the unfinished states only (through `runs_state_created`;
+/// `diverged` through `runs_diverged`).
+pub(crate) async fn unfinished_counts(pool: &PgPool) -> Result<Vec<(String, RunState, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT function_id, state, count(*) FROM durastep.runs
+          WHERE state IN ('queued', 'running', 'sleeping', 'waiting', 'diverged') GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Estimated counts per function and state from the `runs_function_state`
+/// statistic (migration 0012): no row of `runs` is read.
+pub(crate) async fn count_estimates(pool: &PgPool) -> Result<Vec<(String, RunState, i64)>, sqlx::Error> {
+    sqlx::query_as("SELECT function_id, state, estimate FROM durastep.run_count_estimates() ORDER BY 1, 2")
         .fetch_all(pool)
         .await
 }
@@ -267,7 +346,8 @@ pub(crate) struct FunctionInfoRow {
 /// Every function some engine registered.
 pub(crate) async fn functions(pool: &PgPool) -> Result<Vec<FunctionInfoRow>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT f.id, f.triggers, f.max_attempts, f.updated_at, s.expr AS cron, s.tz, s.next_fire_at,
+        "SELECT f.id, f.triggers, f.max_attempts, f.updated_at, s.expr AS cron, s.tz,
+                nullif(s.next_fire_at, 'infinity') AS next_fire_at,
                 coalesce((SELECT jsonb_agg(jsonb_build_object('name', ff.rule, 'kind', fr.kind, 'limit', fr.capacity,
                                                               'period_secs', fr.period_s, 'key', ff.key_pointer)
                                            ORDER BY ff.rule)
@@ -280,121 +360,112 @@ pub(crate) async fn functions(pool: &PgPool) -> Result<Vec<FunctionInfoRow>, sql
     .await
 }
 
-/// What a replay did to one run.
-pub(crate) enum ReplayOutcome {
-    /// Queued again.
-    Replayed,
-    /// Not failed or cancelled: left as it was (its state).
-    NotReplayable(String),
+/// A run as the inspection API shows it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct RunRow {
+    pub id: Uuid,
+    pub function_id: String,
+    pub event_id: Uuid,
+    pub state: RunState,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub lease_losses: i32,
+    pub run_at: DateTime<Utc>,
+    pub last_error: Option<String>,
+    pub cancel_reason: Option<String>,
+    pub output: Option<Value>,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The run and step that invoked it (a child run): its output is bound to them.
+    pub parent_run_id: Option<Uuid>,
+    pub parent_step_key: Option<String>,
+    /// The function version it started under.
+    pub version: i32,
 }
 
-/// Puts failed or cancelled runs back in the queue, due now, with a fresh set of
-/// attempts (their function's `max_attempts` from the current attempt on). With
-/// `from_start`, their stored step results are deleted first, in the same
-/// transaction; otherwise finished steps are kept and replay. Runs in other
-/// states are left alone. Returns, per id, what happened (None: no such run).
-pub(crate) async fn replay(
-    pool: &PgPool,
-    ids: &[Uuid],
-    from_start: bool,
-) -> Result<Vec<(Uuid, Option<ReplayOutcome>)>, sqlx::Error> {
-    let rows: Vec<(Uuid, Option<String>, bool)> = sqlx::query_as(
-        "WITH l AS (
-             SELECT r.id, r.state, coalesce(f.max_attempts, r.max_attempts) AS fmax, f.finish_timeout_secs
-               FROM durastep.runs r
-               LEFT JOIN durastep.functions f ON f.id = r.function_id
-              WHERE r.id = ANY ($1) ORDER BY r.id FOR NO KEY UPDATE OF r),
-         ok AS (SELECT * FROM l WHERE l.state IN ('failed', 'cancelled')),
-         wiped AS (DELETE FROM durastep.step_results s USING ok WHERE $2 AND s.run_id = ok.id),
-         u AS (
-             UPDATE durastep.runs r
-                SET state = 'queued', run_at = durastep.now(), attempt = r.attempt + 1,
-                    max_attempts = r.attempt + ok.fmax, finished_at = NULL, output = NULL,
-                    cancel_reason = NULL, pauses = 0, park_rule = NULL, park_key = NULL,
-                    debounce_key = NULL, debounce_deadline = NULL, start_by = NULL,
-                    deadline_at = CASE WHEN ok.finish_timeout_secs IS NULL THEN NULL
-                                       ELSE durastep.now() + make_interval(secs => ok.finish_timeout_secs) END
-               FROM ok WHERE r.id = ok.id
-             RETURNING r.id)
-         SELECT i.id, l.state, (u.id IS NOT NULL) AS replayed
-           FROM unnest($1::uuid[]) AS i(id)
-           LEFT JOIN l ON l.id = i.id LEFT JOIN u ON u.id = i.id",
+impl RunRow {
+    /// Where its output is stored (the associated data of a sealed output).
+    pub(crate) fn output_place(&self) -> crate::codec::Place {
+        let parent = self.parent_run_id.zip(self.parent_step_key.as_deref());
+        crate::codec::Place::output(self.id, parent)
+    }
+}
+
+/// Loads one run.
+pub(crate) async fn load_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT r.id, r.function_id, r.event_id, r.state, r.attempt, r.max_attempts,
+                least(r.run_at, '9999-12-31 23:59:59+00') AS run_at, r.last_error, r.lease_losses,
+                r.cancel_reason, r.output, r.created_at, r.finished_at,
+                r.parent_run_id, r.parent_step_key, r.version
+           FROM durastep.runs r
+          WHERE r.id = $1",
     )
-    .bind(ids)
-    .bind(from_start)
+    .bind(run_id)
+    .fetch_optional(pool)
+    .await
+}
+
+/// An unfinished run as a dry replay needs it.
+pub(crate) struct ReplayRun {
+    pub id: Uuid,
+    pub function_id: String,
+    pub version: i32,
+    pub event_id: Uuid,
+    pub attempt: i32,
+    pub payload: Value,
+    pub steps: HashMap<String, Value>,
+    pub journal: BTreeMap<u32, JournalEntry>,
+}
+
+/// A page of the unfinished runs of these functions, by id after `after`.
+pub(crate) async fn unfinished_runs(
+    pool: &PgPool,
+    functions: &[String],
+    after: Uuid,
+    limit: i64,
+) -> Result<Vec<ReplayRun>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT r.id, r.function_id, r.version, r.event_id, r.attempt, e.payload,
+                (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
+                   FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
+                (SELECT jsonb_agg(jsonb_build_array(j.position, j.kind, j.step_key))
+                   FROM durastep.step_journal j WHERE j.run_id = r.id) AS journal
+           FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id
+          WHERE r.function_id = ANY ($1) AND r.id > $2
+            AND r.state IN ('queued', 'running', 'sleeping', 'waiting', 'diverged')
+          ORDER BY r.id LIMIT $3",
+    )
+    .bind(functions)
+    .bind(after)
+    .bind(limit)
     .fetch_all(pool)
     .await?;
-    if rows.iter().any(|r| r.2) {
-        super::notify_workers(pool).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let steps: Value = row.try_get("steps")?;
+        out.push(ReplayRun {
+            id: row.try_get("id")?,
+            function_id: row.try_get("function_id")?,
+            version: row.try_get("version")?,
+            event_id: row.try_get("event_id")?,
+            attempt: row.try_get("attempt")?,
+            payload: row.try_get("payload")?,
+            steps: match steps {
+                Value::Object(map) => map.into_iter().collect(),
+                _ => HashMap::new(),
+            },
+            journal: journal_of(row.try_get("journal")?),
+        });
     }
-    Ok(rows
-        .into_iter()
-        .map(|(id, state, replayed)| {
-            let outcome = match (state, replayed) {
-                (None, _) => None,
-                (Some(_), true) => Some(ReplayOutcome::Replayed),
-                (Some(s), false) => Some(ReplayOutcome::NotReplayable(s)),
-            };
-            (id, outcome)
-        })
-        .collect())
+    Ok(out)
 }
 
-/// What one pruning batch removed.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Pruned {
-    pub runs: u64,
-    pub events: u64,
-    pub flow_keys: u64,
-}
-
-/// Deletes up to `batch` finished runs (completed, failed, cancelled, skipped)
-/// that finished before `older_than` ago, with their steps and history, and the
-/// events older than that bound that no run references any more; also idle
-/// flow-control key rows. Rows other transactions hold are skipped (SKIP
-/// LOCKED), so a batch never waits on a worker; each batch is one short
-/// transaction. A run whose parent has not finished is kept (the parent's
-/// invoke may still look for it).
-pub(crate) async fn prune_batch(pool: &PgPool, older_than: Duration, batch: i64) -> Result<Pruned, sqlx::Error> {
-    let (runs, events, flow_keys): (i64, i64, i64) = sqlx::query_as(
-        "WITH t AS (SELECT durastep.now() - make_interval(secs => $1) AS bound),
-         doomed AS MATERIALIZED (
-             SELECT r.id, r.event_id FROM durastep.runs r, t
-              WHERE r.finished_at < t.bound AND r.state IN ('completed', 'failed', 'cancelled', 'skipped')
-                AND NOT EXISTS (SELECT 1 FROM durastep.runs p WHERE p.id = r.parent_run_id
-                                 AND p.state IN ('queued', 'running', 'sleeping', 'waiting'))
-              ORDER BY r.finished_at LIMIT $2
-              FOR UPDATE OF r SKIP LOCKED),
-         hist AS (DELETE FROM durastep.run_history h USING doomed d WHERE h.run_id = d.id),
-         gone AS (DELETE FROM durastep.runs r USING doomed d WHERE r.id = d.id RETURNING r.id, r.event_id),
-         ev AS MATERIALIZED (
-             SELECT e.id FROM durastep.events e, t
-              WHERE e.created_at < t.bound
-                AND (e.id IN (SELECT event_id FROM gone)
-                     OR e.id IN (SELECT x.id FROM durastep.events x
-                                  WHERE x.created_at < t.bound
-                                    AND NOT EXISTS (SELECT 1 FROM durastep.runs r WHERE r.event_id = x.id)
-                                  ORDER BY x.created_at LIMIT $2))
-                AND NOT EXISTS (SELECT 1 FROM durastep.runs r
-                                 WHERE r.event_id = e.id AND r.id NOT IN (SELECT id FROM gone))
-              FOR UPDATE OF e SKIP LOCKED),
-         evd AS (DELETE FROM durastep.events e USING ev WHERE e.id = ev.id RETURNING e.id),
-         fk AS MATERIALIZED (
-             SELECT f.rule, f.key FROM durastep.flow_keys f, t
-              WHERE f.in_use = 0
-                AND coalesce(f.tat, '-infinity') < durastep.now()
-                AND coalesce(f.horizon, '-infinity') < durastep.now()
-                AND coalesce(f.paused_until, '-infinity') < durastep.now()
-                AND NOT EXISTS (SELECT 1 FROM durastep.runs r WHERE r.park_rule = f.rule AND r.park_key = f.key
-                                 AND r.state = 'queued')
-              LIMIT $2
-              FOR UPDATE OF f SKIP LOCKED),
-         fkd AS (DELETE FROM durastep.flow_keys f USING fk WHERE f.rule = fk.rule AND f.key = fk.key RETURNING 1)
-         SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM evd), (SELECT count(*) FROM fkd)",
-    )
-    .bind(secs(older_than))
-    .bind(batch)
-    .fetch_one(pool)
-    .await?;
-    Ok(Pruned { runs: runs as u64, events: events as u64, flow_keys: flow_keys as u64 })
+/// What a `diverged` run's replay found (NULL for other runs).
+pub(crate) async fn load_divergence(pool: &PgPool, run_id: Uuid) -> Result<Option<Value>, sqlx::Error> {
+    let v: Option<Option<Value>> = sqlx::query_scalar("SELECT divergence FROM durastep.runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_optional(pool)
+        .await?;
+    Ok(v.flatten())
 }

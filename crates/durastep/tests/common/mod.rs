@@ -213,6 +213,24 @@ pub async fn wait_for_run_where(engine: &Engine, run_id: Uuid, what: &str, pred:
     }
 }
 
+/// Waits until flow control parks the run (a concurrency, throttle or
+/// back-pressure rule holds it) and returns what holds it, as
+/// `engine.inspect().why(id)` says.
+pub async fn parked(engine: &Engine, run_id: Uuid, what: &str) -> durastep::inspect::Blocker {
+    use durastep::inspect::{BlockerKind, Why};
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let why = engine.inspect().why(run_id).await.expect("why");
+        if let Why::Blocked(b) = &why
+            && matches!(b.kind, BlockerKind::Concurrency | BlockerKind::Throttle | BlockerKind::Backpressure)
+        {
+            return b.clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}; why: {why:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until the run is finished; fails the test if it is not within [`DEADLINE`].
 pub async fn finished(engine: &Engine, run_id: Uuid) -> Run {
     wait_for_run_where(engine, run_id, "the run to finish", |r| r.state.is_finished()).await
@@ -326,7 +344,17 @@ pub async fn take_over(
     make: impl Fn() -> Function,
     h: &Handoff,
 ) -> (Uuid, Engine, WorkerGuard, Engine, WorkerGuard) {
-    let engine_a = engine_with(opts, vec![make()], stalling_options()).await;
+    take_over_with(opts, make, h, stalling_options()).await
+}
+
+/// [`take_over`] with worker A's options (built on [`stalling_options`]).
+pub async fn take_over_with(
+    opts: &PgConnectOptions,
+    make: impl Fn() -> Function,
+    h: &Handoff,
+    worker_a: WorkerOptions,
+) -> (Uuid, Engine, WorkerGuard, Engine, WorkerGuard) {
+    let engine_a = engine_with(opts, vec![make()], worker_a).await;
     let id = engine_a.send(durastep::Event::new("go", &())).await.expect("send").run_ids[0];
     let wa = spawn_worker(&engine_a);
     h.a_entered.reached("attempt 1 to reach its gate").await;
@@ -359,4 +387,35 @@ pub async fn exec(opts: &PgConnectOptions, sql: &'static str) {
     let mut conn = sqlx::PgConnection::connect_with(opts).await.expect("connect");
     sqlx::query(sql).execute(&mut conn).await.expect("setup statement");
     conn.close().await.expect("close");
+}
+
+/// A login role with the reader grants of docs/security.md (the ```sql block
+/// after `<!-- reader-grants -->`), on the test's database.
+pub struct ReaderRole {
+    /// The reader's URL.
+    pub url: String,
+    name: String,
+    admin: sqlx::PgPool,
+}
+
+impl ReaderRole {
+    /// Creates the role (after the migrations: the grants cover the tables that exist).
+    pub async fn create(opts: &PgConnectOptions) -> ReaderRole {
+        let doc = include_str!("../../../../docs/security.md");
+        let (_, after) = doc.split_once("<!-- reader-grants -->").expect("marker in docs/security.md");
+        let block = after.split_once("```sql\n").expect("sql block").1;
+        let grants = block.split_once("```").expect("end of sql block").0;
+        let name = format!("durastep_reader_{}", Uuid::new_v4().simple());
+        let admin = PgPoolOptions::new().max_connections(1).connect_with(opts.clone()).await.expect("admin");
+        let sql = format!("CREATE ROLE {name} LOGIN; {}", grants.replace("durastep_reader", &name));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&admin).await.expect("the reader grants of docs/security.md");
+        ReaderRole { url: url_of(&opts.clone().username(&name)), name, admin }
+    }
+
+    /// Drops the role (call it at the end of the test, before its asserts fail).
+    pub async fn drop(self) {
+        for sql in [format!("DROP OWNED BY {}", self.name), format!("DROP ROLE {}", self.name)] {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone())).execute(&self.admin).await.expect(&sql);
+        }
+    }
 }

@@ -14,12 +14,12 @@ pub fn linkedin_budget_update(s: Arc<Services>) -> Function {
     let on_failure = s.clone();
     Function::new(Platform::LinkedIn.function_id())
         .on_event(Platform::LinkedIn.event_name())
-        .concurrency(2, Some("/account_id"))
-        .throttle(100, Duration::from_secs(60), 0, Some("/account_id"))
+        .concurrency(durastep::Concurrency::new(2).key("/account_id"))
+        .throttle(durastep::Throttle::new(100, Duration::from_secs(60)).key("/account_id"))
         // A 429's Retry-After pauses the whole account, not just the run that
         // got it; such retries do not use up the 8 (Durastep's
         // BACKPRESSURE_FREE_RETRIES), which stay for real failures.
-        .backpressure(Some("/account_id"))
+        .backpressure(durastep::Backpressure::new().key("/account_id"))
         .retries(8)
         .on_failure(move |ctx: Ctx, failed: FailedRun<BudgetRequest>| page_on_call(ctx, on_failure.clone(), failed))
         .handler(move |ctx: Ctx, req: BudgetRequest| update(ctx, s.clone(), req))

@@ -24,7 +24,7 @@ pub fn meta_budget_update(s: Arc<Services>) -> Function {
     let on_failure = s.clone();
     Function::new(Platform::Meta.function_id())
         .on_event(Platform::Meta.event_name())
-        .concurrency(6, Some("/account_id"))
+        .concurrency(durastep::Concurrency::new(6).key("/account_id"))
         .retries(5)
         .on_failure(move |ctx: Ctx, failed: FailedRun<BudgetRequest>| page_on_call(ctx, on_failure.clone(), failed))
         .handler(move |ctx: Ctx, req: BudgetRequest| update(ctx, s.clone(), req))

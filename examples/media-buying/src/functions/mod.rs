@@ -8,12 +8,16 @@
 //! | `meta-token-rotation` | cron `0 9 * 1,4,7,10 MON#1` Europe/Amsterdam | durable, all-or-nothing switch |
 //! | `saturday-summary` | cron `0 6 * * SAT` Europe/Amsterdam | one message |
 //! | `meta-budget-shadow` | `campaign/budget.requested`, instead of the Meta writer in shadow mode | writes nothing to Meta |
+//! | `tiktok-budget-shadow` | `campaign/budget.requested.tiktok`, instead of the TikTok writer in shadow mode | writes nothing to TikTok; compares amount and timing |
+//! | `finance-import` | `finance/sheet.imported` | one `step_tx` per sheet row, 5 retries |
+//! | `finance-row-review` | `finance/row.flagged` | waits for the accountant's decision, up to 30 days |
 //!
 //! Each platform has its own event name, so that one platform's limits (its
 //! concurrency, throttle and back-pressure keys) only ever see its own
 //! requests. Every budget function has the same failure handler: the write
 //! becomes `failed` and one message goes to the on-call channel.
 
+pub mod finance;
 mod linkedin;
 mod meta;
 mod rotation;
@@ -35,7 +39,7 @@ use crate::store;
 pub use linkedin::linkedin_budget_update;
 pub use meta::meta_budget_update;
 pub use rotation::{ROTATION_CRON, RotationReport, meta_token_rotation};
-pub use shadow::{ShadowOutcome, meta_budget_shadow, request_shadow};
+pub use shadow::{ShadowOutcome, ShadowRequest, meta_budget_shadow, request_shadow, tiktok_budget_shadow};
 pub use summary::{SUMMARY_CRON, saturday_summary, summary_text};
 pub use tiktok::{TIKTOK_PUSH_AFTER_RESET, next_tiktok_push, tiktok_budget_update};
 
@@ -149,20 +153,27 @@ impl Services {
     }
 }
 
-/// Every function of the example, as a worker registers them. In Meta shadow
-/// mode, the shadow function replaces the Meta writer.
+/// Every function of the example, as a worker registers them. In a
+/// platform's shadow mode, its shadow function replaces its writer.
 pub fn all(services: &Arc<Services>) -> Vec<Function> {
     let meta = if services.settings.meta_shadow {
         meta_budget_shadow(services.clone())
     } else {
         meta_budget_update(services.clone())
     };
+    let tiktok = if services.settings.tiktok_shadow {
+        tiktok_budget_shadow(services.clone())
+    } else {
+        tiktok_budget_update(services.clone())
+    };
     vec![
         meta,
-        tiktok_budget_update(services.clone()),
+        tiktok,
         linkedin_budget_update(services.clone()),
         meta_token_rotation(services.clone()),
         saturday_summary(services.clone()),
+        finance::finance_import(services.clone()),
+        finance::finance_row_review(services.clone()),
     ]
 }
 
@@ -199,10 +210,7 @@ async fn get_token(
 async fn log_pushed(ctx: &Ctx, write_id: i64, pushed: &Pushed) -> HandlerResult<u64> {
     let external_ref = pushed.external_ref.clone();
     let pushed_at = pushed.pushed_at;
-    ctx.step_tx("log", move |conn| {
-        Box::pin(async move { Ok(store::mark_pushed(conn, write_id, &external_ref, pushed_at).await?) })
-    })
-    .await
+    ctx.step_tx("log", async move |conn| Ok(store::mark_pushed(conn, write_id, &external_ref, pushed_at).await?)).await
 }
 
 /// The write id of a live request (shadow requests have none).
@@ -217,10 +225,7 @@ async fn page_on_call(ctx: Ctx, s: Arc<Services>, failed: FailedRun<BudgetReques
     let req = failed.event;
     if let Some(write_id) = req.write_id {
         let error = failed.error.clone();
-        ctx.step_tx("mark-failed", move |conn| {
-            Box::pin(async move { Ok(store::mark_failed(conn, write_id, &error).await?) })
-        })
-        .await?;
+        ctx.step_tx("mark-failed", async move |conn| Ok(store::mark_failed(conn, write_id, &error).await?)).await?;
     }
     let text = format!(
         ":rotating_light: {} budget write {} failed after {} attempt(s) and stopped: campaign {} (account {}), \

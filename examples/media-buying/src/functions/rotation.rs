@@ -59,11 +59,8 @@ async fn rotate(ctx: Ctx, s: Arc<Services>, tick: CronTick) -> HandlerResult<Rot
     }
     // Switch: every account at once, with the checkpoint.
     let accounts = staged.len();
-    let switched: u64 = ctx
-        .step_tx("switch", move |conn| {
-            Box::pin(async move { Ok(store::switch_tokens(conn, Platform::Meta, &staged).await?) })
-        })
-        .await?;
+    let switched: u64 =
+        ctx.step_tx("switch", async move |conn| Ok(store::switch_tokens(conn, Platform::Meta, &staged).await?)).await?;
     // Only now may the old tokens stop working.
     ctx.step("revoke-old", || async {
         for t in &old {

@@ -19,7 +19,7 @@ use crate::Endpoints;
 pub use chat::ChatClient;
 pub use linkedin::LinkedInClient;
 pub use meta::{MetaBudget, MetaClient, MetaWrite, NewToken};
-pub use tiktok::{TikTokClient, TikTokWrite};
+pub use tiktok::{TikTokCampaign, TikTokClient, TikTokWrite};
 
 /// A failed platform call.
 #[derive(Debug, thiserror::Error)]

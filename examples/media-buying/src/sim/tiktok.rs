@@ -10,10 +10,10 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
@@ -44,7 +44,8 @@ struct Inner {
     tokens: HashSet<String>,
     writes_received: u64,
     log: Vec<TikTokPush>,
-    budgets: HashMap<String, i64>,
+    /// Campaign -> (daily budget, when it was last changed).
+    budgets: HashMap<String, (i64, DateTime<Utc>)>,
 }
 
 /// The TikTok simulator's state.
@@ -73,11 +74,19 @@ impl TikTokSim {
     pub fn writes(&self) -> Vec<TikTokPush> {
         lock(&self.inner).log.clone()
     }
+
+    /// A campaign's daily budget now, if it has one.
+    pub fn budget(&self, campaign_id: &str) -> Option<i64> {
+        lock(&self.inner).budgets.get(campaign_id).map(|(cents, _)| *cents)
+    }
 }
 
 /// TikTok's routes on this simulator.
 pub fn router(sim: Arc<TikTokSim>) -> Router {
-    Router::new().route("/open_api/v1.3/campaign/update/", post(update_campaign)).with_state(sim)
+    Router::new()
+        .route("/open_api/v1.3/campaign/update/", post(update_campaign))
+        .route("/open_api/v1.3/campaign/get/", get(get_campaigns))
+        .with_state(sim)
 }
 
 #[derive(Deserialize)]
@@ -100,7 +109,7 @@ async fn update_campaign(State(sim): State<Arc<TikTokSim>>, headers: HeaderMap, 
     }
     let counter_reset_at = now.date_naive().and_hms_opt(0, 0, 0).map(|d| d.and_utc()).unwrap_or(now);
     let day_fraction = (now - counter_reset_at).num_seconds() as f64 / 86_400.0;
-    let old = s.budgets.get(&body.campaign_id).copied().unwrap_or(0);
+    let old = s.budgets.get(&body.campaign_id).map_or(0, |(cents, _)| *cents);
     let cents = (body.budget * 100.0).round() as i64;
     let push = TikTokPush {
         advertiser_id: body.advertiser_id,
@@ -110,10 +119,52 @@ async fn update_campaign(State(sim): State<Arc<TikTokSim>>, headers: HeaderMap, 
         counter_reset_at,
         spent_today_cents: (old as f64 * day_fraction).round() as i64,
     };
-    s.budgets.insert(body.campaign_id.clone(), cents);
+    s.budgets.insert(body.campaign_id.clone(), (cents, now));
     s.log.push(push.clone());
     Json(json!({ "code": 0, "message": "OK", "request_id": request_id,
                  "data": { "campaign_id": body.campaign_id, "counter_reset_at": counter_reset_at,
                            "spent_today": push.spent_today_cents as f64 / 100.0 } }))
     .into_response()
+}
+
+#[derive(Deserialize)]
+struct GetCampaigns {
+    advertiser_id: String,
+    /// `{"campaign_ids": ["..."]}`, as TikTok takes it.
+    filtering: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct Filtering {
+    #[serde(default)]
+    campaign_ids: Vec<String>,
+}
+
+/// `GET /open_api/v1.3/campaign/get/`: the campaigns' budgets and when they
+/// last changed (`modify_time`, `YYYY-MM-DD HH:MM:SS` UTC, as TikTok writes it).
+async fn get_campaigns(
+    State(sim): State<Arc<TikTokSim>>,
+    headers: HeaderMap,
+    Query(q): Query<GetCampaigns>,
+) -> Response {
+    let request_id = uuid::Uuid::new_v4().simple().to_string();
+    let s = lock(&sim.inner);
+    let token = headers.get("access-token").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if !s.tokens.contains(token) {
+        return Json(json!({ "code": 40105, "message": "The access token is invalid or has been revoked.",
+                            "request_id": request_id, "data": {} }))
+        .into_response();
+    }
+    let filtering: Filtering = q.filtering.as_deref().and_then(|f| serde_json::from_str(f).ok()).unwrap_or_default();
+    let list: Vec<serde_json::Value> = filtering
+        .campaign_ids
+        .iter()
+        .filter_map(|id| {
+            s.budgets.get(id).map(|(cents, at)| {
+                json!({ "advertiser_id": q.advertiser_id, "campaign_id": id, "budget_mode": "BUDGET_MODE_DAY",
+                        "budget": *cents as f64 / 100.0, "modify_time": at.format("%Y-%m-%d %H:%M:%S").to_string() })
+            })
+        })
+        .collect();
+    Json(json!({ "code": 0, "message": "OK", "request_id": request_id, "data": { "list": list } })).into_response()
 }

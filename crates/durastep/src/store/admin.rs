@@ -1,0 +1,229 @@
+//! Admin writes: an operator's actions on stored runs (cancel, replay, resume
+//! or discard a diverged run, prune).
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::{notify_workers, secs};
+use crate::RunState;
+
+/// How [`cancel_run`] went.
+pub(crate) enum CancelOutcome {
+    /// No run has this id.
+    Unknown,
+    /// The run had already finished in this state; nothing changed.
+    Finished(RunState),
+    /// Cancelled now (from this state).
+    Cancelled,
+}
+
+/// Cancels one unfinished run: its state becomes `cancelled`, so every later
+/// fenced write of a running attempt matches nothing, and its waits are removed.
+/// A running attempt keeps its worker and lease (and its concurrency slots)
+/// until its worker has stopped it or the lease has lapsed; the cancel is
+/// announced to the workers (`durastep_cancelled`, by the `release_flow` trigger).
+pub(crate) async fn cancel_run(pool: &PgPool, run_id: Uuid, reason: &str) -> Result<CancelOutcome, sqlx::Error> {
+    let row: Option<(RunState, bool)> = sqlx::query_as(
+        "WITH l AS (SELECT id, state FROM durastep.runs WHERE id = $1 FOR NO KEY UPDATE),
+         u AS (
+             UPDATE durastep.runs r
+                SET state = 'cancelled', cancel_reason = $2, finished_at = durastep.now()
+               FROM l WHERE r.id = l.id AND l.state NOT IN ('completed', 'failed', 'cancelled')
+             RETURNING r.id),
+         d AS (DELETE FROM durastep.waits w WHERE w.run_id IN (SELECT id FROM u) RETURNING w.run_id)
+         SELECT l.state, EXISTS (SELECT 1 FROM u) AND (SELECT count(*) FROM d) >= 0 FROM l",
+    )
+    .bind(run_id)
+    .bind(reason)
+    .fetch_optional(pool)
+    .await?;
+    Ok(match row {
+        None => CancelOutcome::Unknown,
+        Some((_, true)) => CancelOutcome::Cancelled,
+        Some((state, false)) => CancelOutcome::Finished(state),
+    })
+}
+
+/// What an operator did to a diverged run.
+pub(crate) enum DivergedAction {
+    /// Queue it again as it is (the code was fixed).
+    Resume,
+    /// Forget its entries from this position on (results, journal, waits), then queue it.
+    DiscardFrom(u32),
+}
+
+/// Applies an operator's action to a `diverged` run. Returns the run's state
+/// when it was not `diverged` (nothing changed), None when done; Err
+/// RowNotFound when there is no such run.
+pub(crate) async fn act_on_diverged(
+    pool: &PgPool,
+    run_id: Uuid,
+    action: DivergedAction,
+) -> Result<Option<RunState>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let state: Option<RunState> = sqlx::query_scalar("SELECT state FROM durastep.runs WHERE id = $1 FOR UPDATE")
+        .bind(run_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let state = state.ok_or(sqlx::Error::RowNotFound)?;
+    if state != RunState::Diverged {
+        return Ok(Some(state));
+    }
+    if let DivergedAction::DiscardFrom(position) = action {
+        let position = i32::try_from(position).unwrap_or(i32::MAX);
+        sqlx::query(
+            "WITH gone AS (DELETE FROM durastep.step_journal WHERE run_id = $1 AND position >= $2 RETURNING step_key),
+             r AS (DELETE FROM durastep.step_results s USING gone WHERE s.run_id = $1 AND s.step_key = gone.step_key)
+             DELETE FROM durastep.waits w USING gone WHERE w.run_id = $1 AND w.step_key = gone.step_key",
+        )
+        .bind(run_id)
+        .bind(position)
+        .execute(&mut *tx)
+        .await?;
+    }
+    sqlx::query("UPDATE durastep.runs SET state = 'queued', run_at = durastep.now(), divergence = NULL WHERE id = $1")
+        .bind(run_id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    notify_workers(pool).await?;
+    Ok(None)
+}
+
+/// Deletes up to `limit` topic rows (`durastep.topics`, one per event name ever
+/// sent or awaited) that no wait uses; returns how many. Rows that a sender or
+/// a waiter holds locked are skipped (SKIP LOCKED), and a deleted row is
+/// created again by the next send or wait of its name, so the rendezvous
+/// stays lossless: a recorded wait is seen by every later sender's snapshot,
+/// and a deletion cannot happen while a sender holds its row FOR SHARE.
+pub(crate) async fn prune_topics(pool: &PgPool, limit: i64) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM durastep.topics WHERE name IN (
+             SELECT t.name FROM durastep.topics t
+              WHERE NOT EXISTS (SELECT 1 FROM durastep.waits w WHERE w.event_name = t.name)
+              LIMIT $1 FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(limit)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// What a replay did to one run.
+pub(crate) enum ReplayOutcome {
+    /// Queued again.
+    Replayed,
+    /// Not failed or cancelled: left as it was (its state).
+    NotReplayable(RunState),
+}
+
+/// Puts failed or cancelled runs back in the queue, due now, with a fresh set of
+/// attempts (their function's `max_attempts` from the current attempt on). With
+/// `from_start`, their stored step results are deleted first, in the same
+/// transaction; otherwise finished steps are kept and replay. Runs in other
+/// states are left alone. Returns, per id, what happened (None: no such run).
+pub(crate) async fn replay(
+    pool: &PgPool,
+    ids: &[Uuid],
+    from_start: bool,
+) -> Result<Vec<(Uuid, Option<ReplayOutcome>)>, sqlx::Error> {
+    let rows: Vec<(Uuid, Option<RunState>, bool)> =
+        sqlx::query_as(include_str!("sql/replay.sql")).bind(ids).bind(from_start).fetch_all(pool).await?;
+    if rows.iter().any(|r| r.2) {
+        super::notify_workers(pool).await?;
+    }
+    Ok(rows
+        .into_iter()
+        .map(|(id, state, replayed)| {
+            let outcome = match (state, replayed) {
+                (None, _) => None,
+                (Some(_), true) => Some(ReplayOutcome::Replayed),
+                (Some(s), false) => Some(ReplayOutcome::NotReplayable(s)),
+            };
+            (id, outcome)
+        })
+        .collect())
+}
+
+/// What one pruning batch removed.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Pruned {
+    pub runs: u64,
+    pub events: u64,
+    pub flow_keys: u64,
+}
+
+/// How many runs [`prune_batch`] would delete now (the same condition, no lock).
+pub(crate) async fn prunable(pool: &PgPool, older_than: Duration) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM durastep.runs r
+          WHERE r.finished_at < durastep.now() - make_interval(secs => $1)
+            AND r.state IN ('completed', 'failed', 'cancelled', 'skipped')
+            AND r.worker_id IS NULL
+            AND NOT EXISTS (SELECT 1 FROM durastep.runs p WHERE p.id = r.parent_run_id
+                             AND p.state IN ('queued', 'running', 'sleeping', 'waiting', 'diverged'))",
+    )
+    .bind(secs(older_than))
+    .fetch_one(pool)
+    .await
+}
+
+/// Deletes up to `batch` finished runs (completed, failed, cancelled, skipped)
+/// that finished before `older_than` ago, with their steps and history, and the
+/// events older than that bound that no run references any more (neither as
+/// its event nor as an earlier event merged into a debounced run); also idle
+/// flow-control key rows. Rows other transactions hold are skipped (SKIP
+/// LOCKED), so a batch never waits on a worker; each batch is one short
+/// transaction. A run whose parent has not finished is kept (the parent's
+/// invoke may still look for it), and so is a cancelled run whose attempt is
+/// still stopping (`worker_id` set: it holds its slots until then).
+pub(crate) async fn prune_batch(pool: &PgPool, older_than: Duration, batch: i64) -> Result<Pruned, sqlx::Error> {
+    let (runs, events, flow_keys): (i64, i64, i64) =
+        sqlx::query_as(include_str!("sql/prune_batch.sql")).bind(secs(older_than)).bind(batch).fetch_one(pool).await?;
+    Ok(Pruned { runs: runs as u64, events: events as u64, flow_keys: flow_keys as u64 })
+}
+
+/// Rows per pruning transaction: small, so no lock is held for long.
+pub(crate) const PRUNE_BATCH: i64 = 500;
+
+/// What [`prune_all`] removed, in all.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PruneTotals {
+    pub runs: u64,
+    pub events: u64,
+    pub flow_keys: u64,
+    pub topics: u64,
+    pub batches: u64,
+}
+
+/// Prunes in batches of [`PRUNE_BATCH`] until one finds nothing or
+/// `max_batches` ran (the engine's `prune` and the worker's retention loop).
+pub(crate) async fn prune_all(
+    pool: &PgPool,
+    older_than: Duration,
+    max_batches: u64,
+) -> Result<PruneTotals, sqlx::Error> {
+    let mut report = PruneTotals::default();
+    while report.batches < max_batches {
+        let p = prune_batch(pool, older_than, PRUNE_BATCH).await?;
+        report.batches += 1;
+        report.runs += p.runs;
+        report.events += p.events;
+        report.flow_keys += p.flow_keys;
+        if p.runs == 0 && p.events == 0 && p.flow_keys < PRUNE_BATCH as u64 {
+            break;
+        }
+    }
+    // Topic rows are independent of runs: pruned in their own small batches.
+    for _ in 0..max_batches {
+        let n = prune_topics(pool, PRUNE_BATCH).await?;
+        report.topics += n;
+        report.batches += 1;
+        if n < PRUNE_BATCH as u64 {
+            break;
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,463 @@
+//! Attempt writes: everything a running attempt stores (checkpoints and
+//! completions by group commit, `step_tx` checkpoints, failure, sleep, release,
+//! divergence, journal entries). Every write here takes a [`Fence`] and matches
+//! nothing once the attempt has lost its run.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::{Fence, insert_entry, load_step, secs};
+use crate::RunState;
+use crate::journal::EntryKind;
+
+/// When a step ran (database clock, as the attempt knows it) and in which attempt.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepTiming {
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub attempt: i32,
+}
+
+/// One pending write of the group commit.
+pub(crate) enum PendingWrite {
+    /// Store a step result.
+    Checkpoint { fence: Fence, key: String, output: String, timing: StepTiming, entry: (u32, EntryKind) },
+    /// Complete the run with its output.
+    Complete { fence: Fence, output: String },
+}
+
+impl PendingWrite {
+    /// Bytes of the output it stores (what a flush statement carries).
+    pub(crate) fn output_len(&self) -> usize {
+        match self {
+            PendingWrite::Checkpoint { output, key, .. } => output.len() + key.len(),
+            PendingWrite::Complete { output, .. } => output.len(),
+        }
+    }
+}
+
+/// What happened to one pending write.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum WriteOutcome {
+    /// Stored now.
+    Stored,
+    /// A result for this step was already stored; here it is (the stored value wins).
+    Adopted(Value),
+    /// The attempt no longer holds the run: nothing was written.
+    Fenced,
+}
+
+/// The group-commit statement; `$lock` is how it locks the run rows, `$fin`
+/// the completions (the `fin` CTE: `fin_complete!`, or `fin_none!` for a batch
+/// of checkpoints only, which then updates no run row and so fires none of the
+/// statement triggers on `runs`).
+macro_rules! flush_sql {
+    ($lock:literal, $($fin:tt)+) => {
+        concat!(
+            "WITH cp AS (
+             SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[],
+                                  $8::timestamptz[], $9::timestamptz[], $10::int[], $11::int[], $12::text[])
+                 WITH ORDINALITY AS t(run_id, epoch, step_key, output, started_at, finished_at, attempt,
+                                      position, kind, ord)),
+         dn AS (
+             SELECT * FROM unnest($5::uuid[], $6::bigint[], $7::text[])
+                 WITH ORDINALITY AS t(run_id, epoch, output, ord)),
+         l AS (
+             SELECT r.id, r.lease_epoch FROM durastep.runs r
+              WHERE r.id = ANY ($1::uuid[] || $5::uuid[]) AND r.state = 'running'
+              ORDER BY r.id ",
+            $lock,
+            "),
+         ins AS (
+             INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt)
+             SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt
+               FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
+             ON CONFLICT (run_id, step_key) DO NOTHING
+             RETURNING run_id, step_key),
+         jr AS (
+             INSERT INTO durastep.step_journal (run_id, position, kind, step_key)
+             SELECT cp.run_id, cp.position, cp.kind, cp.step_key
+               FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
+             ON CONFLICT DO NOTHING),
+         fin AS (",
+            $($fin)+,
+            ")
+         SELECT 0, cp.ord, (l.id IS NOT NULL), (ins.run_id IS NOT NULL),
+                (l.id IS NULL AND EXISTS (SELECT 1 FROM durastep.runs b
+                                           WHERE b.id = cp.run_id AND b.lease_epoch = cp.epoch
+                                             AND b.state = 'running'))
+           FROM cp LEFT JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
+           LEFT JOIN ins ON ins.run_id = cp.run_id AND ins.step_key = cp.step_key
+         UNION ALL
+         SELECT 1, dn.ord, (fin.id IS NOT NULL), (fin.id IS NOT NULL),
+                (fin.id IS NULL AND EXISTS (SELECT 1 FROM durastep.runs b
+                                             WHERE b.id = dn.run_id AND b.lease_epoch = dn.epoch
+                                               AND b.state = 'running'))
+           FROM dn LEFT JOIN fin ON fin.id = dn.run_id"
+        )
+    };
+}
+
+/// The `fin` CTE of `flush_sql!` that completes runs (fenced by `l`).
+macro_rules! fin_complete {
+    () => {
+        "UPDATE durastep.runs r
+                SET state = 'completed', output = dn.output::jsonb, finished_at = durastep.now(),
+                    lease_expires_at = NULL, worker_id = NULL
+               FROM dn JOIN l ON l.id = dn.run_id AND l.lease_epoch = dn.epoch
+              WHERE r.id = dn.run_id
+             RETURNING r.id"
+    };
+}
+
+/// The `fin` CTE of `flush_sql!` for a batch without completions: no UPDATE
+/// of `runs`, so the statement triggers on it do not fire.
+macro_rules! fin_none {
+    () => {
+        "SELECT NULL::uuid AS id WHERE false"
+    };
+}
+
+/// What a flush did to one pending write.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Flushed {
+    /// Written, adopted or fenced.
+    Done(WriteOutcome),
+    /// Not attempted: its run's row is locked by another transaction (only
+    /// when the flush skips locked rows). Flush it again, waiting for the lock.
+    Busy,
+}
+
+/// How a flush treats run rows another transaction has locked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockWait {
+    /// Skip them: their writes come back [`Flushed::Busy`], the rest commit now.
+    Skip,
+    /// Wait for them.
+    Wait,
+}
+
+/// Group commit: stores every pending step result and completion in ONE
+/// statement (one transaction), each behind its own fencing check. Safe to
+/// repeat after an ambiguous commit: a repeated checkpoint adopts the stored
+/// row and a repeated completion is recognised by its epoch. With
+/// [`LockWait::Skip`], a run row that another transaction holds (an
+/// application's `send_in` that cancels the run, left open) does not hold up
+/// the other runs' writes: its writes come back [`Flushed::Busy`].
+pub(crate) async fn flush_writes(
+    pool: &PgPool,
+    writes: &[PendingWrite],
+    locks: LockWait,
+) -> Result<Vec<Flushed>, sqlx::Error> {
+    let (mut cp_run, mut cp_epoch, mut cp_key, mut cp_out) = (vec![], vec![], vec![], vec![]);
+    let (mut cp_start, mut cp_end, mut cp_attempt) = (vec![], vec![], vec![]);
+    let (mut cp_pos, mut cp_kind) = (vec![], vec![]);
+    let (mut dn_run, mut dn_epoch, mut dn_out) = (vec![], vec![], vec![]);
+    for w in writes {
+        match w {
+            PendingWrite::Checkpoint { fence, key, output, timing, entry } => {
+                let (run_id, epoch) = (fence.run_id(), fence.epoch());
+                cp_pos.push(i32::try_from(entry.0).unwrap_or(i32::MAX));
+                cp_kind.push(entry.1.as_str());
+                cp_run.push(run_id);
+                cp_epoch.push(epoch);
+                cp_key.push(key.as_str());
+                cp_out.push(output.as_str());
+                cp_start.push(timing.started_at);
+                cp_end.push(timing.finished_at);
+                cp_attempt.push(timing.attempt);
+            }
+            PendingWrite::Complete { fence, output } => {
+                let (run_id, epoch) = (fence.run_id(), fence.epoch());
+                dn_run.push(run_id);
+                dn_epoch.push(epoch);
+                dn_out.push(output.as_str());
+            }
+        }
+    }
+    let sql = match (locks, dn_run.is_empty()) {
+        (LockWait::Skip, false) => flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_complete!()),
+        (LockWait::Wait, false) => flush_sql!("FOR NO KEY UPDATE", fin_complete!()),
+        (LockWait::Skip, true) => flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_none!()),
+        (LockWait::Wait, true) => flush_sql!("FOR NO KEY UPDATE", fin_none!()),
+    };
+    let rows: Vec<(i32, i64, bool, bool, bool)> = sqlx::query_as(sql)
+        .bind(&cp_run)
+        .bind(&cp_epoch)
+        .bind(&cp_key)
+        .bind(&cp_out)
+        .bind(&dn_run)
+        .bind(&dn_epoch)
+        .bind(&dn_out)
+        .bind(&cp_start)
+        .bind(&cp_end)
+        .bind(&cp_attempt)
+        .bind(&cp_pos)
+        .bind(&cp_kind)
+        .fetch_all(pool)
+        .await?;
+
+    let mut cp_result = vec![WriteOutcome::Fenced; cp_run.len()];
+    let mut dn_result = vec![WriteOutcome::Fenced; dn_run.len()];
+    let mut conflicts = Vec::new();
+    let mut unfinished = Vec::new();
+    let (mut cp_busy, mut dn_busy) = (vec![false; cp_run.len()], vec![false; dn_run.len()]);
+    for (kind, ord, live, written, busy) in rows {
+        let i = (ord - 1) as usize;
+        // Busy means "skipped, still ours by the snapshot"; when waiting for
+        // locks, a row that changed meanwhile is simply fenced.
+        if busy && locks == LockWait::Skip {
+            if kind == 0 {
+                cp_busy[i] = true;
+            } else {
+                dn_busy[i] = true;
+            }
+            continue;
+        }
+        match (kind, live, written) {
+            (0, true, true) => cp_result[i] = WriteOutcome::Stored,
+            (0, true, false) => conflicts.push(i),
+            (1, _, true) => dn_result[i] = WriteOutcome::Stored,
+            (1, _, false) => unfinished.push(i),
+            _ => {}
+        }
+    }
+    if !conflicts.is_empty() {
+        let runs: Vec<Uuid> = conflicts.iter().map(|&i| cp_run[i]).collect();
+        let keys: Vec<&str> = conflicts.iter().map(|&i| cp_key[i]).collect();
+        let stored: Vec<(i64, Value)> = sqlx::query_as(
+            "SELECT t.ord, s.output
+               FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS t(run_id, step_key, ord)
+               JOIN durastep.step_results s ON s.run_id = t.run_id AND s.step_key = t.step_key",
+        )
+        .bind(&runs)
+        .bind(&keys)
+        .fetch_all(pool)
+        .await?;
+        for (ord, output) in stored {
+            cp_result[conflicts[(ord - 1) as usize]] = WriteOutcome::Adopted(output);
+        }
+    }
+    if !unfinished.is_empty() {
+        // A completion that matched nothing: either fenced, or our own earlier
+        // commit whose acknowledgement was lost.
+        let runs: Vec<Uuid> = unfinished.iter().map(|&i| dn_run[i]).collect();
+        let epochs: Vec<i64> = unfinished.iter().map(|&i| dn_epoch[i]).collect();
+        let done: Vec<i64> = sqlx::query_scalar(
+            "SELECT t.ord FROM unnest($1::uuid[], $2::bigint[]) WITH ORDINALITY AS t(run_id, epoch, ord)
+               JOIN durastep.runs r ON r.id = t.run_id AND r.lease_epoch = t.epoch AND r.state = 'completed'",
+        )
+        .bind(&runs)
+        .bind(&epochs)
+        .fetch_all(pool)
+        .await?;
+        for ord in done {
+            dn_result[unfinished[(ord - 1) as usize]] = WriteOutcome::Stored;
+        }
+    }
+    let flushed = |o: WriteOutcome, busy: bool| if busy { Flushed::Busy } else { Flushed::Done(o) };
+    let mut cp_iter = cp_result.into_iter().zip(cp_busy).map(|(o, b)| flushed(o, b));
+    let mut dn_iter = dn_result.into_iter().zip(dn_busy).map(|(o, b)| flushed(o, b));
+    Ok(writes
+        .iter()
+        .map(|w| match w {
+            PendingWrite::Checkpoint { .. } => cp_iter.next(),
+            PendingWrite::Complete { .. } => dn_iter.next(),
+        })
+        .map(|o| o.unwrap_or(Flushed::Done(WriteOutcome::Fenced)))
+        .collect())
+}
+
+/// The end of a failed attempt: retry after `delay`, or fail the run when it is
+/// out of attempts (attempts lost with a lease do not count: `attempt -
+/// lease_losses`) or the failure is permanent. Returns the new state, or None
+/// when the attempt no longer holds the run.
+///
+/// With `pause` (the error named a retry-after delay and the function has a
+/// back-pressure rule), the run's back-pressure keys pause until now + `delay`
+/// in the same statement, and the retry does not count as an attempt while the
+/// run has had fewer than `free_pauses` such retries.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn fail_attempt(
+    pool: &PgPool,
+    fence: Fence,
+    error: &str,
+    permanent: bool,
+    delay: Duration,
+    pause: bool,
+    free_pauses: i32,
+    failed_step: Option<&str>,
+) -> Result<Option<RunState>, sqlx::Error> {
+    let (run_id, epoch) = (fence.run_id(), fence.epoch());
+    sqlx::query_scalar(include_str!("sql/fail_attempt.sql"))
+        .bind(run_id)
+        .bind(epoch)
+        .bind(error)
+        .bind(permanent)
+        .bind(secs(delay))
+        .bind(pause)
+        .bind(free_pauses)
+        .bind(failed_step)
+        .fetch_optional(pool)
+        .await
+}
+
+/// Suspends a run until `wake_at` if that is still in the future by the database
+/// clock. Returns Some(true) if suspended, Some(false) if already due (the
+/// attempt goes on), None if fenced.
+pub(crate) async fn suspend_until(
+    pool: &PgPool,
+    fence: Fence,
+    wake_at: DateTime<Utc>,
+) -> Result<Option<bool>, sqlx::Error> {
+    let (run_id, epoch) = (fence.run_id(), fence.epoch());
+    sqlx::query_scalar(
+        "UPDATE durastep.runs
+            SET state = CASE WHEN $3 > durastep.now() THEN 'sleeping' ELSE 'running' END,
+                run_at = CASE WHEN $3 > durastep.now() THEN $3 ELSE run_at END,
+                lease_expires_at = CASE WHEN $3 > durastep.now() THEN NULL ELSE lease_expires_at END,
+                worker_id = CASE WHEN $3 > durastep.now() THEN NULL ELSE worker_id END
+          WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
+         RETURNING state = 'sleeping'",
+    )
+    .bind(run_id)
+    .bind(epoch)
+    .bind(wake_at)
+    .fetch_optional(pool)
+    .await
+}
+
+/// Gives a run back without counting the attempt (graceful shutdown).
+pub(crate) async fn release_run(pool: &PgPool, fence: Fence) -> Result<bool, sqlx::Error> {
+    let (run_id, epoch) = (fence.run_id(), fence.epoch());
+    let r = sqlx::query(
+        "UPDATE durastep.runs SET state = 'queued', run_at = durastep.now(), lease_expires_at = NULL, worker_id = NULL
+          WHERE id = $1 AND lease_epoch = $2 AND state = 'running'",
+    )
+    .bind(run_id)
+    .bind(epoch)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// How [`checkpoint_in_tx`] went.
+pub(crate) enum TxCheckpoint {
+    /// Stored; commit the transaction.
+    Stored,
+    /// Stored, and this very transaction cancelled the run (the step sent an
+    /// event that its own `cancel_on` rule, or its singleton key with
+    /// `CancelOld`, matches): commit it, then end the attempt; the run is
+    /// `cancelled` once it commits.
+    StoredAndCancelled,
+    /// A result was already stored: roll back and adopt it.
+    Adopted(Value),
+    /// The attempt lost the run: roll back.
+    Fenced,
+}
+
+/// Inside a `step_tx` transaction: locks the run if this attempt still holds it
+/// and stores the step result. A run that this same transaction cancelled (an
+/// event the step sent matched its own run: `cancelled_by_xact` is this
+/// transaction) still counts as held: the step's result and its event commit
+/// together, and the attempt ends cancelled.
+pub(crate) async fn checkpoint_in_tx(
+    conn: &mut PgConnection,
+    fence: Fence,
+    key: &str,
+    output: &str,
+    timing: StepTiming,
+    entry: (u32, EntryKind),
+) -> Result<TxCheckpoint, sqlx::Error> {
+    let (run_id, epoch) = (fence.run_id(), fence.epoch());
+    let live: Option<bool> = sqlx::query_scalar(
+        "SELECT state = 'cancelled' FROM durastep.runs
+          WHERE id = $1 AND lease_epoch = $2
+            AND (state = 'running' OR (state = 'cancelled' AND cancelled_by_xact = pg_current_xact_id()))
+            FOR NO KEY UPDATE",
+    )
+    .bind(run_id)
+    .bind(epoch)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(cancelled_here) = live else {
+        return Ok(TxCheckpoint::Fenced);
+    };
+    let inserted = sqlx::query(
+        "INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt)
+         VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7) ON CONFLICT (run_id, step_key) DO NOTHING",
+    )
+    .bind(run_id)
+    .bind(key)
+    .bind(output)
+    .bind(epoch)
+    .bind(timing.started_at)
+    .bind(timing.finished_at)
+    .bind(timing.attempt)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if inserted == 1 {
+        insert_entry(&mut *conn, run_id, entry.0, entry.1, key).await?;
+        return Ok(if cancelled_here { TxCheckpoint::StoredAndCancelled } else { TxCheckpoint::Stored });
+    }
+    Ok(match load_step(&mut *conn, run_id, key).await? {
+        Some(stored) => TxCheckpoint::Adopted(stored),
+        None => TxCheckpoint::Fenced,
+    })
+}
+
+/// Records a journal entry when it is first asked (waits, invokes, `changed`
+/// markers), if the attempt still holds the run. `Ok(false)`: fenced.
+pub(crate) async fn record_entry(
+    pool: &PgPool,
+    fence: Fence,
+    position: u32,
+    kind: EntryKind,
+    key: &str,
+) -> Result<bool, sqlx::Error> {
+    let (run_id, epoch) = (fence.run_id(), fence.epoch());
+    let live: Option<bool> = sqlx::query_scalar(
+        "WITH l AS (SELECT id FROM durastep.runs WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
+                     FOR NO KEY UPDATE),
+         ins AS (INSERT INTO durastep.step_journal (run_id, position, kind, step_key)
+                 SELECT l.id, $3, $4, $5 FROM l ON CONFLICT DO NOTHING)
+         SELECT true FROM l",
+    )
+    .bind(run_id)
+    .bind(epoch)
+    .bind(i32::try_from(position).unwrap_or(i32::MAX))
+    .bind(kind.as_str())
+    .bind(key)
+    .fetch_optional(pool)
+    .await?;
+    Ok(live.is_some())
+}
+
+/// Parks a running attempt's run as `diverged` (fenced: `Ok(false)` when the
+/// attempt no longer holds it). Its concurrency slots are given back by the
+/// flow trigger, as for any run that leaves `running`.
+pub(crate) async fn park_diverged(
+    pool: &PgPool,
+    fence: Fence,
+    divergence: &Value,
+    message: &str,
+) -> Result<bool, sqlx::Error> {
+    let (run_id, epoch) = (fence.run_id(), fence.epoch());
+    let r = sqlx::query(
+        "UPDATE durastep.runs
+            SET state = 'diverged', divergence = $3, last_error = $4, lease_expires_at = NULL, worker_id = NULL
+          WHERE id = $1 AND lease_epoch = $2 AND state = 'running'",
+    )
+    .bind(run_id)
+    .bind(epoch)
+    .bind(divergence)
+    .bind(message)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}

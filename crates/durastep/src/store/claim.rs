@@ -1,0 +1,208 @@
+//! Claim: due runs taken under a new lease epoch, and the only place a
+//! [`Fence`] is made.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+use super::{journal_of, secs};
+use crate::journal::JournalEntry;
+
+/// The right to write on behalf of one attempt: a run id and the lease epoch
+/// its claim set.
+///
+/// Every write made for a running attempt takes a `Fence`, and its statement
+/// matches the run only while `(id, lease_epoch, state = 'running')` still
+/// holds (under a row lock). Only a claim makes one (the constructor is
+/// private to this module), so a write that is not fenced, or one fenced with
+/// an epoch read from elsewhere, does not compile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Fence {
+    run_id: Uuid,
+    epoch: i64,
+}
+
+impl Fence {
+    /// The fenced run.
+    pub(crate) fn run_id(&self) -> Uuid {
+        self.run_id
+    }
+
+    /// The lease epoch of the attempt that holds it.
+    pub(crate) fn epoch(&self) -> i64 {
+        self.epoch
+    }
+
+    /// A fence that no claim made, for the unit tests of code that only
+    /// carries fences (batching); never compiled outside them.
+    #[cfg(test)]
+    pub(crate) fn unclaimed_for_tests(run_id: Uuid, epoch: i64) -> Fence {
+        Fence { run_id, epoch }
+    }
+}
+
+/// A run a worker has claimed, with everything its attempt needs.
+pub(crate) struct ClaimedRun {
+    pub id: Uuid,
+    pub function_id: String,
+    /// The function version it started under.
+    pub version: i32,
+    pub event_id: Uuid,
+    pub attempt: i32,
+    /// The run id and the lease epoch this claim set.
+    fence: Fence,
+    pub payload: Value,
+    pub steps: HashMap<String, Value>,
+    /// The run's journal: position -> (kind, step key).
+    pub journal: BTreeMap<u32, JournalEntry>,
+    /// The run and step that invoked it (a child run): its output is bound to them.
+    pub parent: Option<(Uuid, String)>,
+    pub db_now: DateTime<Utc>,
+}
+
+impl ClaimedRun {
+    /// The fence of this attempt: what every write made for it takes.
+    pub(crate) fn fence(&self) -> Fence {
+        self.fence
+    }
+}
+
+/// What a worker has handlers for: its function ids, and every (function,
+/// version) pair it registers (`version_ids[i]` at `versions[i]`).
+pub(crate) struct Handled {
+    pub ids: Vec<String>,
+    pub version_ids: Vec<String>,
+    pub versions: Vec<i32>,
+}
+
+/// Claims up to `limit` due runs of the given functions, in priority then due
+/// order, skipping rows other workers hold; bumps each run's lease epoch and
+/// returns its input and every stored step result (one round trip in all).
+/// Only runs of a (function, version) pair in `functions` are candidates: a
+/// run started under a version this worker has no handler for is left to a
+/// worker that has one.
+///
+/// Flow control happens in the same statement. Each candidate's keys are read
+/// from its event data (`function_flow`), and the rows of those keys in
+/// `flow_keys` are locked `FOR UPDATE SKIP LOCKED`: a candidate with a key row
+/// another claimer (or a releasing statement) holds is left alone, due, for the
+/// next claim. On the locked rows (the latest versions) each candidate is ranked
+/// per key, and is started only if every rule admits its rank (concurrency:
+/// `in_use + rank <= limit`; throttle and rate limit: GCRA; back-pressure: no
+/// pause); the key rows are updated in the same statement. A candidate refused
+/// by a concurrency, throttle or back-pressure rule is parked (`queued`, `run_at`
+/// = its next possible start, `park_rule`/`park_key` = what it waits for); one
+/// refused only by a rate limit is `skipped`. Concurrency keys left with free
+/// slots wake their parked runs. Returns the claimed runs and how many other runs
+/// it parked, skipped or woke (the caller claims again at once when that is > 0).
+pub(crate) async fn claim_runnable(
+    pool: &PgPool,
+    functions: &Handled,
+    limit: i64,
+    lease: Duration,
+    worker_id: Uuid,
+) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
+    let rows = sqlx::query(include_str!("sql/claim.sql"))
+        .bind(&functions.ids)
+        .bind(limit)
+        .bind(secs(lease))
+        .bind(worker_id)
+        .bind(secs(crate::flow::PARK_RECHECK))
+        .bind(&functions.version_ids)
+        .bind(&functions.versions)
+        .fetch_all(pool)
+        .await?;
+    claimed_runs(rows)
+}
+
+/// The fast claim ([`claim_runnable`] without flow control), for functions
+/// with no claim-time flow rule: one small statement with a generic plan
+/// (`store/sql/claim_fast.sql`). Runs of a function that has flow rows in the
+/// database, and runs past a start or finish deadline, are left alone (for
+/// the full claim and for maintenance). Returns the claimed runs; it never
+/// parks, skips or wakes runs, so the count of those is always 0.
+pub(crate) async fn claim_fast(
+    pool: &PgPool,
+    functions: &Handled,
+    limit: i64,
+    lease: Duration,
+    worker_id: Uuid,
+) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
+    let rows = sqlx::query(include_str!("sql/claim_fast.sql"))
+        .bind(&functions.ids)
+        .bind(limit)
+        .bind(secs(lease))
+        .bind(worker_id)
+        .bind(&functions.version_ids)
+        .bind(&functions.versions)
+        .fetch_all(pool)
+        .await?;
+    claimed_runs(rows)
+}
+
+/// The rows of a claim statement as claimed runs, and its count of moved runs
+/// (a row with a null `id` carries only that count).
+fn claimed_runs(rows: Vec<sqlx::postgres::PgRow>) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
+    let mut moved = 0;
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in rows {
+        moved = row.try_get("moved")?;
+        let Some(id) = row.try_get::<Option<Uuid>, _>("id")? else {
+            continue;
+        };
+        let steps: Value = row.try_get("steps")?;
+        let steps = match steps {
+            Value::Object(map) => map.into_iter().collect(),
+            _ => HashMap::new(),
+        };
+        claimed.push(ClaimedRun {
+            id,
+            function_id: row.try_get("function_id")?,
+            version: row.try_get("version")?,
+            event_id: row.try_get("event_id")?,
+            attempt: row.try_get("attempt")?,
+            fence: Fence { run_id: id, epoch: row.try_get("lease_epoch")? },
+            payload: row.try_get("payload")?,
+            steps,
+            journal: journal_of(row.try_get("journal")?),
+            parent: row
+                .try_get::<Option<Uuid>, _>("parent_run_id")?
+                .zip(row.try_get::<Option<String>, _>("parent_step_key")?),
+            db_now: row.try_get("db_now")?,
+        });
+    }
+    Ok((claimed, moved))
+}
+
+/// How long until the earliest due run of these functions' handled versions
+/// (None: nothing scheduled).
+pub(crate) async fn next_due_in(pool: &PgPool, functions: &Handled) -> Result<Option<Duration>, sqlx::Error> {
+    let secs: Option<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM min(run_at) - durastep.now())::float8 FROM durastep.runs
+          WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at < 'infinity' AND function_id = ANY ($1)
+            AND (function_id, version) IN (SELECT * FROM unnest($2::text[], $3::int[]))",
+    )
+    .bind(&functions.ids)
+    .bind(&functions.version_ids)
+    .bind(&functions.versions)
+    .fetch_one(pool)
+    .await?;
+    Ok(secs.map(|s| Duration::from_secs_f64(s.max(0.0))))
+}
+
+/// How many runs of each of these functions are due now and not running (the
+/// queue-depth gauge). Functions with none are absent.
+pub(crate) async fn count_due_runs(pool: &PgPool, functions: &[String]) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT function_id, count(*) FROM durastep.runs
+          WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now() AND function_id = ANY ($1)
+          GROUP BY function_id",
+    )
+    .bind(functions)
+    .fetch_all(pool)
+    .await
+}

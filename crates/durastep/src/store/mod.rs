@@ -1,0 +1,149 @@
+//! Every SQL statement Durastep runs, named for what it does, in one module per
+//! stage of a run: `registration`, `send`, `claim`, `attempt` (what a running
+//! attempt writes), `waits`, `leases`, `schedules`, `admin` (an operator's
+//! writes) and `inspect` (reads). Statements longer than about 20 lines are
+//! `.sql` files under `store/sql/`, with a comment per CTE.
+//!
+//! Architecture invariant: no other module builds or sends SQL. Every statement
+//! here is a fixed string; user values travel only as bind parameters. Every write
+//! made on behalf of an attempt takes a [`Fence`], which only a claim makes, and
+//! compares `(id, lease_epoch, state = 'running')` under a row lock in the same
+//! statement (fencing). Statements that lock several
+//! run rows lock them in id order, and the claim and the reaper skip locked rows,
+//! so the engine's own statements cannot deadlock one another.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::journal::{EntryKind, JournalEntry};
+
+mod admin;
+mod attempt;
+mod claim;
+pub(crate) mod inspect;
+mod leases;
+mod registration;
+mod schedules;
+mod send;
+#[cfg(feature = "testing")]
+mod testing;
+mod waits;
+
+pub(crate) use admin::*;
+pub(crate) use attempt::*;
+pub(crate) use claim::*;
+pub(crate) use inspect::{ReplayRun, RunRow, load_divergence, load_run, unfinished_runs};
+pub(crate) use leases::*;
+pub(crate) use registration::*;
+pub(crate) use schedules::*;
+pub(crate) use send::*;
+#[cfg(feature = "testing")]
+pub(crate) use testing::*;
+pub(crate) use waits::*;
+
+/// The channel workers LISTEN on. Payloads are empty: a notification is only a hint.
+pub(crate) const WAKEUP_CHANNEL: &str = "durastep_wakeup";
+
+/// The channel on which a cancel of a running run is announced (by the
+/// `release_flow` trigger, at commit), with the payload `<run id>:<lease epoch>`:
+/// the worker holding that attempt drops its handler at once.
+pub(crate) const CANCEL_CHANNEL: &str = "durastep_cancelled";
+
+/// Applies the embedded migrations; tracking lives in `durastep._migrations`.
+/// Returns the (version, description) of those this call applied, oldest
+/// first: the embedded ones recorded as applied now and not before.
+pub(crate) async fn migrate(pool: &PgPool) -> Result<Vec<(i64, String)>, sqlx::migrate::MigrateError> {
+    let mut migrator = sqlx::migrate!("../../migrations");
+    migrator.create_schema("durastep");
+    migrator.dangerous_set_table_name("durastep._migrations");
+    let before = applied_migrations(pool).await?;
+    migrator.run(pool).await?;
+    let after = applied_migrations(pool).await?;
+    Ok(migrator
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .filter(|m| after.contains(&m.version) && !before.contains(&m.version))
+        .map(|m| (m.version, m.description.to_string()))
+        .collect())
+}
+
+/// The versions recorded as applied in `durastep._migrations` (none when the
+/// table does not exist yet).
+async fn applied_migrations(pool: &PgPool) -> Result<Vec<i64>, sqlx::Error> {
+    let exists: bool =
+        sqlx::query_scalar("SELECT to_regclass('durastep._migrations') IS NOT NULL").fetch_one(pool).await?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    sqlx::query_scalar("SELECT version FROM durastep._migrations WHERE success ORDER BY version").fetch_all(pool).await
+}
+
+/// Seconds for `make_interval`, cut to [`crate::limits::MAX_DURATION`] so no
+/// user duration can overflow an interval or a timestamp.
+fn secs(d: Duration) -> f64 {
+    d.min(crate::limits::MAX_DURATION).as_secs_f64()
+}
+
+/// The database clock, as Durastep sees it (with the test offset).
+pub(crate) async fn db_now(pool: &PgPool) -> Result<DateTime<Utc>, sqlx::Error> {
+    sqlx::query_scalar("SELECT durastep.now()").fetch_one(pool).await
+}
+
+/// Wakes listening workers (after the test clock moved, say).
+pub(crate) async fn notify_workers(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify('durastep_wakeup', '')").execute(pool).await?;
+    Ok(())
+}
+
+/// One stored step result.
+pub(crate) async fn load_step(conn: &mut PgConnection, run_id: Uuid, key: &str) -> Result<Option<Value>, sqlx::Error> {
+    sqlx::query_scalar("SELECT output FROM durastep.step_results WHERE run_id = $1 AND step_key = $2")
+        .bind(run_id)
+        .bind(key)
+        .fetch_optional(conn)
+        .await
+}
+
+/// Reads a journal aggregated as `[[position, kind, key], ...]` (NULL: none).
+pub(crate) fn journal_of(v: Option<Value>) -> BTreeMap<u32, JournalEntry> {
+    let mut out = BTreeMap::new();
+    let Some(Value::Array(rows)) = v else { return out };
+    for row in rows {
+        let (Some(p), Some(k), Some(key)) = (
+            row.get(0).and_then(Value::as_u64),
+            row.get(1).and_then(Value::as_str),
+            row.get(2).and_then(Value::as_str),
+        ) else {
+            continue;
+        };
+        if let (Ok(p), Ok(kind)) = (u32::try_from(p), k.parse::<EntryKind>()) {
+            out.insert(p, JournalEntry::new(kind, key));
+        }
+    }
+    out
+}
+
+async fn insert_entry(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    position: u32,
+    kind: EntryKind,
+    key: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO durastep.step_journal (run_id, position, kind, step_key) VALUES ($1, $2, $3, $4)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(run_id)
+    .bind(i32::try_from(position).unwrap_or(i32::MAX))
+    .bind(kind.as_str())
+    .bind(key)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

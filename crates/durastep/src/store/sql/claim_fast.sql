@@ -1,0 +1,43 @@
+-- The fast claim: up to $2 due runs of the functions $1, none of which has a
+-- claim-time flow rule (concurrency, throttle, rate limit, back-pressure).
+-- $3: the lease in seconds; $4: the claiming worker; $5, $6: the (function,
+-- version) pairs the worker has a handler for (a run started under another
+-- version is left to a worker that has one).
+--
+-- Written for a generic plan (the worker runs it with the same shape every
+-- time, so Postgres plans it once per connection): the candidates are an
+-- array built by a sub-select that walks `runs_due` in priority then due
+-- order and stops at the limit, and the UPDATE finds its rows by `id = ANY`.
+-- The clock is read once (an InitPlan), not per row.
+--
+-- Guards, so that a run this statement may not handle is left for the full
+-- claim or for maintenance instead of being started wrongly:
+-- * a function with rows in `function_flow` (another build registered rules
+--   for it) is skipped: only the full claim takes its runs;
+-- * a run past its start or finish deadline is skipped: maintenance
+--   (`expire_timeouts`) cancels it with its reason, as the full claim would.
+WITH t AS MATERIALIZED (SELECT durastep.now() AS now)
+UPDATE durastep.runs r
+   SET state = 'running', lease_epoch = r.lease_epoch + 1,
+       lease_expires_at = (SELECT now FROM t) + make_interval(secs => $3),
+       worker_id = $4, started_at = coalesce(r.started_at, (SELECT now FROM t)),
+       park_rule = NULL, park_key = NULL, flow_held = NULL
+ WHERE r.id = ANY (ARRAY(
+        SELECT c.id FROM durastep.runs c
+         WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
+           AND c.function_id = ANY ($1)
+           AND (c.function_id, c.version) IN (SELECT * FROM unnest($5::text[], $6::int[]))
+           AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id)
+           AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))
+           AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t))
+         ORDER BY c.priority DESC, c.run_at
+         LIMIT $2
+         FOR UPDATE OF c SKIP LOCKED))
+RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch,
+          (SELECT e.payload FROM durastep.events e WHERE e.id = r.event_id) AS payload,
+          r.parent_run_id, r.parent_step_key, (SELECT now FROM t) AS db_now,
+          (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
+             FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
+          (SELECT jsonb_agg(jsonb_build_array(j.position, j.kind, j.step_key))
+             FROM durastep.step_journal j WHERE j.run_id = r.id) AS journal,
+          0::bigint AS moved

@@ -1,0 +1,29 @@
+-- Cancels up to $1 runs past their finish deadline (any unfinished state) or
+-- their start deadline (never started), skipping rows others hold; returns
+-- how many.
+--
+-- Runs past a deadline.
+WITH c AS (
+    (SELECT id FROM durastep.runs
+      WHERE deadline_at < durastep.now() AND state IN ('queued', 'running', 'sleeping', 'waiting')
+      LIMIT $1)
+    UNION
+    (SELECT id FROM durastep.runs
+      WHERE start_by < durastep.now() AND started_at IS NULL AND state = 'queued' LIMIT $1)),
+-- Of those, the rows still unfinished, locked in id order, skipping held rows.
+l AS (SELECT r.id FROM durastep.runs r JOIN c ON c.id = r.id
+       WHERE r.state IN ('queued', 'running', 'sleeping', 'waiting')
+       ORDER BY r.id FOR NO KEY UPDATE OF r SKIP LOCKED),
+-- Cancelled, with the deadline as the reason.
+u AS (
+    UPDATE durastep.runs r
+       SET state = 'cancelled', finished_at = durastep.now(),
+           cancel_reason = CASE WHEN r.deadline_at < durastep.now()
+                                THEN 'finish timeout: not finished by ' || r.deadline_at
+                                ELSE 'start timeout: not started by ' || r.start_by END
+      FROM l WHERE r.id = l.id
+    RETURNING r.id),
+-- And their waits removed.
+d AS (DELETE FROM durastep.waits w WHERE w.run_id IN (SELECT id FROM u))
+-- How many.
+SELECT count(*) FROM u

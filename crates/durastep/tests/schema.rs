@@ -1,0 +1,210 @@
+//! The migrated schema against the code and the migrations: the run states
+//! that `runs_state_check` allows are `RunState::ALL`, and every function and
+//! view in the `durastep` schema is the text of the last migration that
+//! defines it, so a later migration that redefines one is noticed here.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use durastep::RunState;
+use sqlx::PgPool;
+
+/// The migrations, oldest first: (file name, text).
+fn migrations() -> Vec<(String, String)> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("read migrations/")
+        .map(|e| e.expect("migration entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sql"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read_to_string(&p).expect("read migration"))
+        })
+        .collect()
+}
+
+/// Every `CREATE [OR REPLACE] <kind> durastep.<name>` in `sql`, with the
+/// offset just after the name.
+fn definitions(sql: &str, kind: &str) -> Vec<(String, usize)> {
+    let lower = sql.to_lowercase();
+    let mut out = Vec::new();
+    for head in [format!("create {kind} durastep."), format!("create or replace {kind} durastep.")] {
+        let mut from = 0;
+        while let Some(i) = lower[from..].find(&head) {
+            let start = from + i + head.len();
+            let len = sql[start..].find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(0);
+            out.push((sql[start..start + len].to_owned(), start + len));
+            from = start;
+        }
+    }
+    out
+}
+
+/// A function's body: the text between its dollar-quote markers (`$$` or `$tag$`).
+fn dollar_body(sql: &str, from: usize) -> String {
+    let open = from + sql[from..].find('$').expect("a dollar-quoted body");
+    let close = open + 1 + sql[open + 1..].find('$').expect("the end of the dollar tag");
+    let tag = &sql[open..=close];
+    let end = close + 1 + sql[close + 1..].find(tag).expect("the closing dollar tag");
+    sql[close + 1..end].to_owned()
+}
+
+/// A view's query: from after `AS` to the `;` that ends the statement
+/// (outside quotes, comments and parentheses).
+fn view_query(sql: &str, from: usize) -> String {
+    let rest = &sql[from..];
+    let as_at = rest.to_lowercase().find(" as").expect("AS after the view name") + 3;
+    let bytes = rest.as_bytes();
+    let (mut i, mut depth, mut quoted) = (as_at, 0i32, false);
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\'' => quoted = !quoted,
+            b'-' if !quoted && bytes.get(i + 1) == Some(&b'-') => {
+                i += rest[i..].find('\n').unwrap_or(rest.len() - i);
+                continue;
+            }
+            b'(' if !quoted => depth += 1,
+            b')' if !quoted => depth -= 1,
+            b';' if !quoted && depth == 0 => break,
+            _ => {}
+        }
+        i += 1;
+    }
+    rest[as_at..i].to_owned()
+}
+
+/// Catches: a state added to (or dropped from) the database's check
+/// constraint without `RunState` knowing it, which would make a stored run
+/// unreadable (decoding an unknown state is an error).
+#[sqlx::test(migrations = false)]
+async fn run_states_are_the_state_check_constraint_s_list(pool: PgPool) {
+    durastep::migrate(&pool).await.expect("migrate");
+    let def: String = sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint
+          WHERE conname = 'runs_state_check' AND conrelid = 'durastep.runs'::regclass",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("runs_state_check");
+    // CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, ...])))
+    let in_db: BTreeSet<&str> = def.split('\'').skip(1).step_by(2).collect();
+    let in_code: BTreeSet<&str> = RunState::ALL.iter().map(|s| s.as_str()).collect();
+    assert_eq!(in_db, in_code, "runs_state_check is {def}");
+}
+
+/// Catches: a migration that redefines a function or view in a way the
+/// repository does not show in one place (a later `CREATE OR REPLACE` that
+/// this parse misses, a function created by hand), or a function whose text
+/// the database holds differently from its last migration.
+#[sqlx::test(migrations = false)]
+async fn every_function_and_view_is_its_last_migration_s_text(pool: PgPool) {
+    durastep::migrate(&pool).await.expect("migrate");
+    assert_eq!(drift(&pool).await, Vec::<String>::new());
+}
+
+/// The check is not vacuous: a function and a view changed after the
+/// migrations are both reported.
+#[sqlx::test(migrations = false)]
+async fn a_function_or_view_changed_outside_the_migrations_is_reported(pool: PgPool) {
+    durastep::migrate(&pool).await.expect("migrate");
+    sqlx::query(
+        "CREATE OR REPLACE FUNCTION durastep.now() RETURNS timestamptz LANGUAGE sql STABLE AS $$ SELECT now() $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("CREATE VIEW durastep.stray AS SELECT 1 AS one").execute(&pool).await.unwrap();
+    let found = drift(&pool).await;
+    assert!(found.iter().any(|d| d.contains("durastep.now")), "{found:?}");
+    assert!(found.iter().any(|d| d.contains("stray")), "{found:?}");
+}
+
+/// Where the migrated database's functions and views differ from the last
+/// migration that defines each (empty: none).
+async fn drift(pool: &PgPool) -> Vec<String> {
+    let mut functions: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let mut views: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for (file, sql) in migrations() {
+        for (name, at) in definitions(&sql, "function") {
+            functions.insert(name, (file.clone(), dollar_body(&sql, at)));
+        }
+        for (name, at) in definitions(&sql, "view") {
+            views.insert(name, (file.clone(), view_query(&sql, at)));
+        }
+    }
+    let mut out = Vec::new();
+
+    let stored: Vec<(String, String)> = sqlx::query_as(
+        "SELECT p.proname::text, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+          WHERE n.nspname = 'durastep' ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let names: BTreeSet<&str> = stored.iter().map(|(n, _)| n.as_str()).collect();
+    let defined: BTreeSet<&str> = functions.keys().map(String::as_str).collect();
+    if names != defined {
+        out.push(format!("functions: in the database {names:?}, in the migrations {defined:?}"));
+    }
+    if names.len() != stored.len() {
+        out.push("a function name is overloaded".into());
+    }
+    for (name, src) in &stored {
+        match functions.get(name) {
+            Some((file, body)) if src != body => {
+                out.push(format!("durastep.{name}: the database's text differs from its last definition, in {file}"))
+            }
+            _ => {}
+        }
+    }
+
+    // A view's text is what Postgres deparses: the last definition, created
+    // again in a scratch schema, must deparse to the same text.
+    let stored: Vec<String> =
+        sqlx::query_scalar("SELECT viewname::text FROM pg_views WHERE schemaname = 'durastep' ORDER BY 1")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let names: BTreeSet<&str> = stored.iter().map(String::as_str).collect();
+    let defined: BTreeSet<&str> = views.keys().map(String::as_str).collect();
+    if names != defined {
+        out.push(format!("views: in the database {names:?}, in the migrations {defined:?}"));
+    }
+    sqlx::query("CREATE SCHEMA durastep_check").execute(pool).await.unwrap();
+    for (name, (file, query)) in &views {
+        if !names.contains(name.as_str()) {
+            continue;
+        }
+        // The text of a migration in this repository, in a test database.
+        let create = format!("CREATE VIEW durastep_check.{name} AS {query}");
+        sqlx::query(sqlx::AssertSqlSafe(create)).execute(pool).await.unwrap();
+        let (db, migration): (String, String) =
+            sqlx::query_as("SELECT pg_get_viewdef($1::regclass), pg_get_viewdef($2::regclass)")
+                .bind(format!("durastep.{name}"))
+                .bind(format!("durastep_check.{name}"))
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        if db != migration {
+            out.push(format!("durastep.{name}: the database's view differs from its last definition, in {file}"));
+        }
+    }
+    out
+}
+
+/// The parse itself, on a small migration.
+#[test]
+fn definitions_are_found_with_their_bodies() {
+    let sql = "CREATE OR REPLACE FUNCTION durastep.f(a int) RETURNS int LANGUAGE sql AS $body$ SELECT 1; $body$;\n\
+               CREATE VIEW durastep.v AS SELECT (1) AS x -- a comment; with a semicolon\n FROM t WHERE y = ';';";
+    let f = definitions(sql, "function");
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].0, "f");
+    assert_eq!(dollar_body(sql, f[0].1), " SELECT 1; ");
+    let v = definitions(sql, "view");
+    assert_eq!(v[0].0, "v");
+    assert_eq!(view_query(sql, v[0].1), " SELECT (1) AS x -- a comment; with a semicolon\n FROM t WHERE y = ';'");
+}
