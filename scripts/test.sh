@@ -2,7 +2,7 @@
 # The test command: installs what the tests need on a fresh Debian/Ubuntu
 # machine, then runs every test of the workspace. `.ci/run` calls this script.
 #
-#   scripts/test.sh                 # install what is missing, then cargo test --workspace
+#   scripts/test.sh                 # install what is missing, then cargo test --workspace --no-fail-fast
 #   scripts/test.sh -p durastep     # arguments go to cargo test instead of --workspace
 #   CI=true scripts/test.sh         # also cargo fmt --check, clippy -D warnings, cargo doc -D warnings
 #
@@ -104,8 +104,9 @@ if [[ ${CI:-} == true ]]; then
 fi
 
 # With CI set, the browser test fails instead of skipping when Chromium is missing.
+# --no-fail-fast: one failing test binary does not hide the results of the others.
 if [[ $# -eq 0 ]]; then
-    set -- --workspace
+    set -- --workspace --no-fail-fast
 fi
 echo "test.sh: cargo test $*"
 cargo test "$@"
