@@ -1691,16 +1691,23 @@ impl Engine {
             "replay-before-commit",
             Err(Error::Database(sqlx::Error::Protocol("failpoint replay-before-commit".into())))
         );
-        let outcome = store::replay(self.pool(), &[run_id], from == ReplayFrom::Start)
-            .await
-            .map_err(|e| replay_error(e, run_id))?;
+        // The run is read back in the replay's transaction: read after the
+        // commit, a worker may already have claimed it.
+        let mut tx = self.pool().begin().await.map_err(from_sqlx)?;
+        let outcome =
+            store::replay(&mut tx, &[run_id], from == ReplayFrom::Start).await.map_err(|e| replay_error(e, run_id))?;
         match outcome.into_iter().next().and_then(|(_, o)| o) {
             None => Err(Error::UnknownRun(run_id)),
             Some(store::ReplayOutcome::NotReplayable(state)) => Err(Error::NotReplayable {
                 run_id,
                 reason: format!("it is {state}; only failed or cancelled runs can be replayed"),
             }),
-            Some(store::ReplayOutcome::Replayed) => self.run(run_id).await,
+            Some(store::ReplayOutcome::Replayed) => {
+                let row = store::load_run(&mut *tx, run_id).await.map_err(from_sqlx)?;
+                tx.commit().await.map_err(from_sqlx)?;
+                // A replayed run has no output, so nothing is left to open.
+                Ok(Run::from(row.ok_or(Error::UnknownRun(run_id))?))
+            }
         }
     }
 
@@ -1753,9 +1760,9 @@ impl Engine {
                 return Ok(replayed);
             }
             let first = ids[0];
-            let outcome = store::replay(self.pool(), &ids, from == ReplayFrom::Start)
-                .await
-                .map_err(|e| replay_error(e, first))?;
+            let mut conn = self.pool().acquire().await.map_err(from_sqlx)?;
+            let outcome =
+                store::replay(&mut conn, &ids, from == ReplayFrom::Start).await.map_err(|e| replay_error(e, first))?;
             let before = replayed.len();
             replayed.extend(
                 outcome

@@ -138,6 +138,31 @@ async fn replay_resumes_at_the_failed_step_or_from_the_start(_p: PgPoolOptions, 
     w.stop().await;
 }
 
+/// Catches: `replay` returning the run as read after its commit, when a
+/// listening worker may already have claimed it (seen in CI: `Running` where
+/// the docs promise `Queued`). The run is read back in the replay's own
+/// transaction. A hundred replays, each racing an idle worker woken by it.
+#[sqlx::test(migrations = false)]
+async fn replay_returns_the_run_as_it_queued_it_even_when_a_worker_takes_it_at_once(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let f = Function::new("refused")
+        .on_event("refused/go")
+        .retries(0)
+        .handler(|_: Ctx, _: Value| async move { Err::<(), _>(HandlerError::permanent("422 refused")) });
+    let engine = common::engine(&opts, vec![f]).await;
+    let id = engine.send(Event::new("refused/go", &json!({}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    for round in 1..=100u32 {
+        let failed = common::finished(&engine, id).await;
+        assert_eq!((failed.state, failed.attempt), (RunState::Failed, round));
+        let queued = engine.replay(id, ReplayFrom::FailedStep).await.unwrap();
+        assert_eq!((queued.state, queued.attempt), (RunState::Queued, round + 1), "round {round}");
+    }
+    w.stop().await;
+}
+
 /// Catches: a bulk replay that misses runs past the first batch, touches
 /// another function's or a live run, or replays a run twice.
 #[sqlx::test(migrations = false)]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{notify_workers, secs};
@@ -122,17 +122,19 @@ pub(crate) enum ReplayOutcome {
 /// Puts failed or cancelled runs back in the queue, due now, with a fresh set of
 /// attempts (their function's `max_attempts` from the current attempt on). With
 /// `from_start`, their stored step results are deleted first, in the same
-/// transaction; otherwise finished steps are kept and replay. Runs in other
+/// statement; otherwise finished steps are kept and replay. Runs in other
 /// states are left alone. Returns, per id, what happened (None: no such run).
+/// Workers are woken when the statement's transaction commits (in `conn`'s
+/// transaction if it has one, at once otherwise).
 pub(crate) async fn replay(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     ids: &[Uuid],
     from_start: bool,
 ) -> Result<Vec<(Uuid, Option<ReplayOutcome>)>, sqlx::Error> {
     let rows: Vec<(Uuid, Option<RunState>, bool)> =
-        sqlx::query_as(include_str!("sql/replay.sql")).bind(ids).bind(from_start).fetch_all(pool).await?;
+        sqlx::query_as(include_str!("sql/replay.sql")).bind(ids).bind(from_start).fetch_all(&mut *conn).await?;
     if rows.iter().any(|r| r.2) {
-        super::notify_workers(pool).await?;
+        notify_workers(&mut *conn).await?;
     }
     Ok(rows
         .into_iter()

@@ -392,7 +392,7 @@ impl RunRow {
 }
 
 /// Loads one run.
-pub(crate) async fn load_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
+pub(crate) async fn load_run<'e>(db: impl sqlx::PgExecutor<'e>, run_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT r.id, r.function_id, r.event_id, r.state, r.attempt, r.max_attempts,
                 least(r.run_at, '9999-12-31 23:59:59+00') AS run_at, r.last_error, r.lease_losses,
@@ -402,7 +402,7 @@ pub(crate) async fn load_run(pool: &PgPool, run_id: Uuid) -> Result<Option<RunRo
           WHERE r.id = $1",
     )
     .bind(run_id)
-    .fetch_optional(pool)
+    .fetch_optional(db)
     .await
 }
 

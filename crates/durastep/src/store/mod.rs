@@ -95,8 +95,8 @@ pub(crate) async fn db_now(pool: &PgPool) -> Result<DateTime<Utc>, sqlx::Error> 
 }
 
 /// Wakes listening workers (after the test clock moved, say).
-pub(crate) async fn notify_workers(pool: &PgPool) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT pg_notify('durastep_wakeup', '')").execute(pool).await?;
+pub(crate) async fn notify_workers<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify('durastep_wakeup', '')").execute(db).await?;
     Ok(())
 }
 
