@@ -190,7 +190,8 @@ impl Flavor {
     }
 
     /// The concurrency group and limit of its bodies per key, if it has one
-    /// (singletons count as a limit of 1).
+    /// (a `SkipNew` singleton counts as a limit of 1; the `CancelOld` one has
+    /// a concurrency limit of 1 besides).
     ///
     /// ```
     /// use durastep_testkit::workload::Flavor;
@@ -1164,7 +1165,14 @@ fn function(flavor: Flavor, ledger: Ledger) -> Function {
         Flavor::Backpressure => b.backpressure(Backpressure::new().key("/key")),
         Flavor::Debounce => b.debounce(Debounce::new(ms(500)).key("/key").max_wait(ms(5_000))),
         Flavor::SingletonSkip => b.singleton(Singleton::new(SingletonMode::SkipNew).key("/key")),
-        Flavor::SingletonCancel => b.singleton(Singleton::new(SingletonMode::CancelOld).key("/key")),
+        // A `CancelOld` singleton alone keeps one run per key active, not one
+        // body: the new run may start while the cancelled body is being
+        // dropped (G28). With a concurrency limit of 1 on the key, as G28
+        // advises, the cancelled body keeps its slot until it stops (G22),
+        // which the oracle's limit of 1 checks.
+        Flavor::SingletonCancel => b
+            .singleton(Singleton::new(SingletonMode::CancelOld).key("/key"))
+            .concurrency(Concurrency::new(1).key("/key")),
         Flavor::Priority => b.priority_from("/prio"),
         Flavor::CancelOn => b.cancel_on(CancelOn::event(CANCEL_EVENT).key("/key")),
         Flavor::Timeouts => b.start_timeout(Duration::from_secs(60)).finish_timeout(Duration::from_secs(120)),

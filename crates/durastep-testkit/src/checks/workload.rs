@@ -58,6 +58,19 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
+-- The end of a cancelled attempt: its worker clears worker_id only once the
+-- handler has been dropped (G22), or the reaper does once its lease lapsed.
+-- Either way the body held no slot after this write.
+CREATE OR REPLACE FUNCTION public.testkit_wl_observe_stopped() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.testkit_wl_ends (run_id, lease_epoch, state) VALUES (OLD.id, OLD.lease_epoch, 'stopped');
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS testkit_wl_observe_stopped ON durastep.runs;
+CREATE TRIGGER testkit_wl_observe_stopped AFTER UPDATE OF worker_id ON durastep.runs
+    FOR EACH ROW WHEN (OLD.worker_id IS NOT NULL AND NEW.worker_id IS NULL
+                       AND OLD.state IN ('cancelled', 'queued') AND NEW.lease_epoch = OLD.lease_epoch)
+    EXECUTE FUNCTION public.testkit_wl_observe_stopped();
 DROP TRIGGER IF EXISTS testkit_wl_observe_reap ON durastep.run_history;
 CREATE TRIGGER testkit_wl_observe_reap AFTER INSERT ON durastep.run_history
     FOR EACH ROW EXECUTE FUNCTION public.testkit_wl_observe_reap();
@@ -335,7 +348,8 @@ pub async fn running_per_key(pool: &PgPool) -> Result<Vec<(String, Option<String
 }
 
 /// When (wall clock) each attempt ended by a write that gave back its slots
-/// (the run left `running` for any state but `cancelled`): (run, epoch, at).
+/// (the run left `running` for any state but `cancelled`, or a cancelled
+/// attempt's worker or the reaper cleared its `worker_id`): (run, epoch, at).
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
