@@ -12,8 +12,6 @@
 --   psql -h 127.0.0.1 -U postgres -c 'DROP DATABASE durastep_sizes'
 --
 -- Sizes can be scaled with -v n=<runs per population> (default 100000);
--- -v shipped_prune=1 times the shipped prune statement instead of the variant
--- with a scalar bound (see below: quadratic in the old events).
 --
 -- What it does. Three populations of runs go through the engine's own
 -- statements (the text is copied from the store; the triggers of the
@@ -33,7 +31,7 @@
 -- relation in schema durastep are recorded, before and after VACUUM ANALYZE;
 -- the report gives each population's share scaled to a million runs.
 -- Then: EXPLAIN ANALYZE of an empty fast claim with the sleeping runs in the
--- table, and the retention comparison (store/inspect.rs `prune_batch` in
+-- table, and the retention comparison (the engine's own `durastep.prune_batch` in
 -- batches of 500 until nothing is left, against DETACH + DROP of the month
 -- partitions of a partitioned copy holding the same rows).
 
@@ -41,10 +39,6 @@
 \if :{?n}
 \else
   \set n 100000
-\endif
-\if :{?shipped_prune}
-\else
-  \set shipped_prune 0
 \endif
 \timing on
 SET jit = off;
@@ -161,98 +155,6 @@ UPDATE durastep.runs
        lease_expires_at = CASE WHEN $3 > durastep.now() THEN NULL ELSE lease_expires_at END,
        worker_id = CASE WHEN $3 > durastep.now() THEN NULL ELSE worker_id END
  WHERE id = ANY ($1) AND lease_epoch = ANY ($2) AND state = 'running'
-$q$);
--- crates/durastep/src/store/inspect.rs: prune_batch
-INSERT INTO sizes.stmt VALUES ('prune_batch', $q$
-WITH t AS (SELECT durastep.now() - make_interval(secs => $1) AS bound),
- doomed AS MATERIALIZED (
-     SELECT r.id, r.event_id FROM durastep.runs r, t
-      WHERE r.finished_at < t.bound AND r.state IN ('completed', 'failed', 'cancelled', 'skipped')
-        AND r.worker_id IS NULL
-        AND NOT EXISTS (SELECT 1 FROM durastep.runs p WHERE p.id = r.parent_run_id
-                         AND p.state IN ('queued', 'running', 'sleeping', 'waiting', 'diverged'))
-      ORDER BY r.finished_at LIMIT $2
-      FOR UPDATE OF r SKIP LOCKED),
- hist AS (DELETE FROM durastep.run_history h USING doomed d WHERE h.run_id = d.id),
- gone AS (DELETE FROM durastep.runs r USING doomed d WHERE r.id = d.id RETURNING r.id, r.event_id),
- ev AS MATERIALIZED (
-     SELECT e.id FROM durastep.events e, t
-      WHERE e.created_at < t.bound
-        AND (e.id IN (SELECT event_id FROM gone)
-             OR e.id IN (SELECT x.id FROM durastep.events x
-                          WHERE x.created_at < t.bound
-                            AND NOT EXISTS (SELECT 1 FROM durastep.runs r WHERE r.event_id = x.id)
-                            AND NOT EXISTS (SELECT 1 FROM durastep.debounced_events m
-                                             WHERE m.event_id = x.id AND m.run_id NOT IN (SELECT id FROM gone))
-                          ORDER BY x.created_at LIMIT $2))
-        AND NOT EXISTS (SELECT 1 FROM durastep.runs r
-                         WHERE r.event_id = e.id AND r.id NOT IN (SELECT id FROM gone))
-        AND NOT EXISTS (SELECT 1 FROM durastep.debounced_events m
-                         WHERE m.event_id = e.id AND m.run_id NOT IN (SELECT id FROM gone))
-      FOR UPDATE OF e SKIP LOCKED),
- evd AS (DELETE FROM durastep.events e USING ev WHERE e.id = ev.id RETURNING e.id),
- fk AS MATERIALIZED (
-     SELECT f.rule, f.key FROM durastep.flow_keys f, t
-      WHERE f.in_use = 0
-        AND coalesce(f.tat, '-infinity') < durastep.now()
-        AND coalesce(f.horizon, '-infinity') < durastep.now()
-        AND coalesce(f.paused_until, '-infinity') < durastep.now()
-        AND NOT EXISTS (SELECT 1 FROM durastep.runs r WHERE r.park_rule = f.rule AND r.park_key = f.key
-                         AND r.state = 'queued')
-      LIMIT $2
-      FOR UPDATE OF f SKIP LOCKED),
- fkd AS (DELETE FROM durastep.flow_keys f USING fk WHERE f.rule = fk.rule AND f.key = fk.key RETURNING 1)
- SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM evd), (SELECT count(*) FROM fkd)
-$q$);
-
--- The same with the retention bound read as a scalar ((SELECT bound FROM t))
--- in the `ev` CTE instead of a join with t. In the shipped text the orphan-event
--- sub-select refers to t.bound of the outer row, so it is a correlated SubPlan
--- run once per old event that is not in `gone`, each run scanning every old
--- event: a batch costs (old events)^2 index probes (docs/scaling.md). This
--- variant is what the retention comparison below times; -v shipped_prune=1
--- times the shipped text instead (days per batch at 100,000 runs, by
--- extrapolation from -v n=2000).
-INSERT INTO sizes.stmt VALUES ('prune_batch_scalar_bound', $q$
-WITH t AS (SELECT durastep.now() - make_interval(secs => $1) AS bound),
- doomed AS MATERIALIZED (
-     SELECT r.id, r.event_id FROM durastep.runs r, t
-      WHERE r.finished_at < t.bound AND r.state IN ('completed', 'failed', 'cancelled', 'skipped')
-        AND r.worker_id IS NULL
-        AND NOT EXISTS (SELECT 1 FROM durastep.runs p WHERE p.id = r.parent_run_id
-                         AND p.state IN ('queued', 'running', 'sleeping', 'waiting', 'diverged'))
-      ORDER BY r.finished_at LIMIT $2
-      FOR UPDATE OF r SKIP LOCKED),
- hist AS (DELETE FROM durastep.run_history h USING doomed d WHERE h.run_id = d.id),
- gone AS (DELETE FROM durastep.runs r USING doomed d WHERE r.id = d.id RETURNING r.id, r.event_id),
- ev AS MATERIALIZED (
-     SELECT e.id FROM durastep.events e
-      WHERE e.created_at < (SELECT bound FROM t)
-        AND (e.id IN (SELECT event_id FROM gone)
-             OR e.id IN (SELECT x.id FROM durastep.events x
-                          WHERE x.created_at < (SELECT bound FROM t)
-                            AND NOT EXISTS (SELECT 1 FROM durastep.runs r WHERE r.event_id = x.id)
-                            AND NOT EXISTS (SELECT 1 FROM durastep.debounced_events m
-                                             WHERE m.event_id = x.id AND m.run_id NOT IN (SELECT id FROM gone))
-                          ORDER BY x.created_at LIMIT $2))
-        AND NOT EXISTS (SELECT 1 FROM durastep.runs r
-                         WHERE r.event_id = e.id AND r.id NOT IN (SELECT id FROM gone))
-        AND NOT EXISTS (SELECT 1 FROM durastep.debounced_events m
-                         WHERE m.event_id = e.id AND m.run_id NOT IN (SELECT id FROM gone))
-      FOR UPDATE OF e SKIP LOCKED),
- evd AS (DELETE FROM durastep.events e USING ev WHERE e.id = ev.id RETURNING e.id),
- fk AS MATERIALIZED (
-     SELECT f.rule, f.key FROM durastep.flow_keys f, t
-      WHERE f.in_use = 0
-        AND coalesce(f.tat, '-infinity') < durastep.now()
-        AND coalesce(f.horizon, '-infinity') < durastep.now()
-        AND coalesce(f.paused_until, '-infinity') < durastep.now()
-        AND NOT EXISTS (SELECT 1 FROM durastep.runs r WHERE r.park_rule = f.rule AND r.park_key = f.key
-                         AND r.state = 'queued')
-      LIMIT $2
-      FOR UPDATE OF f SKIP LOCKED),
- fkd AS (DELETE FROM durastep.flow_keys f USING fk WHERE f.rule = fk.rule AND f.key = fk.key RETURNING 1)
- SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM evd), (SELECT count(*) FROM fkd)
 $q$);
 
 -- Functions, as register_functions upserts them (store.rs).
@@ -514,12 +416,9 @@ SELECT 'last month' AS partition,
        (SELECT count(*) FROM part.events_last_month) AS events;
 
 \echo
-\echo == Retention by DELETE: prune_batch (500 runs per batch, one commit each) until nothing is left (shipped_prune = :shipped_prune)
+\echo == Retention by DELETE: durastep.prune_batch (500 runs per batch, one commit each) until nothing is left
 CREATE PROCEDURE sizes.prune_all() LANGUAGE plpgsql AS $$
 DECLARE
-    q text := (SELECT sql FROM sizes.stmt
-                WHERE name = CASE WHEN current_setting('sizes.shipped_prune') = '1' THEN 'prune_batch'
-                                  ELSE 'prune_batch_scalar_bound' END);
     runs bigint;
     events bigint;
     fks bigint;
@@ -528,7 +427,7 @@ DECLARE
     total_events bigint := 0;
 BEGIN
     LOOP
-        EXECUTE q INTO runs, events, fks USING 0.0::float8, 500::bigint;
+        SELECT * INTO runs, events, fks FROM durastep.prune_batch(0, 500);
         COMMIT;
         batches := batches + 1;
         total_runs := total_runs + runs;
@@ -537,7 +436,6 @@ BEGIN
     END LOOP;
     RAISE NOTICE 'prune: % batches, % runs, % events deleted', batches, total_runs, total_events;
 END $$;
-SET sizes.shipped_prune = :'shipped_prune';
 CHECKPOINT;
 SELECT pg_current_wal_lsn() AS wal_before_delete \gset
 \timing on

@@ -342,7 +342,8 @@ async fn blockers_name_what_holds_each_run(_p: PgPoolOptions, opts: PgConnectOpt
 }
 
 /// Catches: pruning that deletes unfinished or recent runs, leaves steps,
-/// history or events behind, or stops after one batch.
+/// history or events behind (those of its runs, or old events that started no
+/// run), or stops after one batch.
 #[sqlx::test(migrations = false)]
 async fn prune_deletes_old_finished_runs_with_everything_they_own(_p: PgPoolOptions, opts: PgConnectOptions) {
     let done = Function::new("done").on_event("done/go").handler(|ctx: Ctx, _: Value| async move {
@@ -356,6 +357,9 @@ async fn prune_deletes_old_finished_runs_with_everything_they_own(_p: PgPoolOpti
     let engine = common::engine(&opts, vec![done, sleeper]).await;
     engine.send_batch((0..1200).map(|i| Event::new("done/go", &json!({"i": i}))).collect()).await.unwrap();
     let napping = engine.send(Event::new("napper/go", &json!({}))).await.unwrap().run_ids[0];
+    // Events no function listens to: they start no run, and go once old
+    // (more than one batch of them, found in the batches that delete no run).
+    engine.send_batch((0..600).map(|i| Event::new("nobody/go", &json!({"i": i}))).collect()).await.unwrap();
     let w = common::spawn_worker(&engine);
     common::wait_until("1,200 completed", || async {
         common::count(&engine, "durastep.runs WHERE state = 'completed'").await == 1200
@@ -370,7 +374,7 @@ async fn prune_deletes_old_finished_runs_with_everything_they_own(_p: PgPoolOpti
     w.stop().await;
 
     let report = engine.prune(Duration::from_secs(86_400)).await.unwrap();
-    assert_eq!((report.runs, report.events), (1200, 1200));
+    assert_eq!((report.runs, report.events), (1200, 1800));
     assert!(report.batches >= 3, "1,200 runs in batches of 500: {report:?}");
     assert_eq!(common::count(&engine, "durastep.runs").await, 2);
     assert_eq!(common::count(&engine, "durastep.events").await, 2);

@@ -180,10 +180,15 @@ pub(crate) async fn prunable(pool: &PgPool, older_than: Duration) -> Result<i64,
 /// LOCKED), so a batch never waits on a worker; each batch is one short
 /// transaction. A run whose parent has not finished is kept (the parent's
 /// invoke may still look for it), and so is a cancelled run whose attempt is
-/// still stopping (`worker_id` set: it holds its slots until then).
+/// still stopping (`worker_id` set: it holds its slots until then). The
+/// statements are the function `durastep.prune_batch` (migration 0017).
 pub(crate) async fn prune_batch(pool: &PgPool, older_than: Duration, batch: i64) -> Result<Pruned, sqlx::Error> {
     let (runs, events, flow_keys): (i64, i64, i64) =
-        sqlx::query_as(include_str!("sql/prune_batch.sql")).bind(secs(older_than)).bind(batch).fetch_one(pool).await?;
+        sqlx::query_as("SELECT pruned_runs, pruned_events, pruned_flow_keys FROM durastep.prune_batch($1, $2)")
+            .bind(secs(older_than))
+            .bind(i32::try_from(batch).unwrap_or(i32::MAX))
+            .fetch_one(pool)
+            .await?;
     Ok(Pruned { runs: runs as u64, events: events as u64, flow_keys: flow_keys as u64 })
 }
 
