@@ -41,7 +41,7 @@
   \set n 100000
 \endif
 \timing on
-SET jit = off;
+
 
 DROP SCHEMA IF EXISTS sizes CASCADE;
 CREATE SCHEMA sizes;

@@ -72,8 +72,7 @@ impl BenchDb {
             .expect("create database");
         admin.close().await.ok();
         let url = with_database(&server, &name);
-        // JIT off, as Durastep sets on its own pools (see `EngineBuilder::pool`).
-        let options = PgConnectOptions::from_str(&url).expect("parse database url").options([("jit", "off")]);
+        let options = PgConnectOptions::from_str(&url).expect("parse database url");
         BenchDb { name, url, options, server }
     }
 

@@ -43,7 +43,7 @@ pub async fn migrate(url: &str) -> Result<Vec<durastep::AppliedMigration>, CliEr
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(std::time::Duration::from_secs(10))
-            .connect_with(options.options([("jit", "off")]))
+            .connect_with(options)
             .await
             .map_err(durastep::Error::from)?;
         let applied = durastep::migrate(&pool).await;

@@ -126,8 +126,7 @@ fn fast_worker() -> WorkerOptions {
 }
 
 async fn engine(opts: &PgConnectOptions, functions: Vec<Function>) -> Engine {
-    let pool =
-        PgPoolOptions::new().max_connections(6).connect_with(opts.clone().options([("jit", "off")])).await.unwrap();
+    let pool = PgPoolOptions::new().max_connections(6).connect_with(opts.clone()).await.unwrap();
     let mut b = Engine::builder().pool(pool).worker_options(fast_worker());
     for f in functions {
         b = b.function(f);

@@ -18,8 +18,7 @@ use crate::process::{WorkerConfig, WorkerProcess};
 /// registering on a loaded 2-core machine).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Events per `send_batch` call. Larger batches make Postgres's planner
-/// overestimate the insert enough to JIT-compile it (about 1 s at 500 events).
+/// Events per `send_batch` call of the harness.
 const SEND_BATCH: usize = 200;
 
 /// Set this environment variable to keep the workers' log files of passing tests too.
@@ -68,12 +67,11 @@ impl Cluster {
     /// ```
     pub async fn start(bin: impl AsRef<Path>, url: impl Into<String>) -> Result<Cluster> {
         let url = url.into();
-        // JIT off, as `EngineBuilder::pool` asks of a pool handed to the engine.
         let options: sqlx::postgres::PgConnectOptions = url.parse()?;
         let pool = PgPoolOptions::new()
             .max_connections(3)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options.options([("jit", "off")]))
+            .connect_with(options)
             .await?;
         let mut builder = Engine::builder().pool(pool.clone());
         // The engine migrates on build; the ledger needs nothing from it.

@@ -401,13 +401,9 @@ impl EngineBuilder {
 
     /// An existing pool to use instead of a URL. Durastep still opens a small
     /// separate pool (3 connections, same options) for heartbeats, the reaper
-    /// and LISTEN, so that a busy application cannot starve them.
-    ///
-    /// Turn Postgres' JIT off on this pool (`options([("jit", "off")])` on its
-    /// `PgConnectOptions`, or `jit = off` for the role or database): Durastep's
-    /// large single statements otherwise cross the default JIT cost thresholds
-    /// and each execution pays about 1.5 s of compilation. Pools Durastep builds
-    /// from a URL do this themselves.
+    /// and LISTEN, so that a busy application cannot starve them. No setting
+    /// of the pool needs changing for Durastep: its statements run at full
+    /// speed with the server's defaults, JIT included (docs/performance.md).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), durastep::Error> {
@@ -751,7 +747,7 @@ async fn connect(
 ) -> Result<(PgPool, PgPool), Error> {
     let (pool, control_pool) = match (pool, url) {
         (Some(pool), _) => {
-            let options = without_jit(pool.connect_options().as_ref().clone());
+            let options = pool.connect_options().as_ref().clone();
             let control = match control {
                 Control::Own => control_pool(options).await?,
                 Control::Shared => pool.clone(),
@@ -759,7 +755,7 @@ async fn connect(
             (pool, control)
         }
         (None, Some(url)) => {
-            let options = without_jit(url.parse().map_err(from_sqlx)?);
+            let options: PgConnectOptions = url.parse().map_err(from_sqlx)?;
             // One plain connection first: a refused or unknown host fails here
             // at once with its own error, not after the pool's acquire timeout
             // as "pool timed out".
@@ -787,15 +783,6 @@ async fn connect(
         (None, None) => return Err(Error::NoDatabase),
     };
     Ok((pool, control_pool))
-}
-
-/// Durastep's statements are single statements with many CTEs over array
-/// parameters; under a generic plan their cost estimates cross Postgres'
-/// default JIT thresholds, and JIT then spends about 1.5 s compiling each
-/// execution (measured: a 1,000-event `send_batch` took 1.6 s with JIT and
-/// 55 ms without). Our pools turn it off for their own sessions.
-fn without_jit(options: PgConnectOptions) -> PgConnectOptions {
-    options.options([("jit", "off")])
 }
 
 async fn control_pool(options: PgConnectOptions) -> Result<PgPool, Error> {

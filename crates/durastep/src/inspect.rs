@@ -1082,7 +1082,6 @@ impl Inspector {
     pub async fn connect(url: &str) -> Result<Inspector, Error> {
         use sqlx::Connection;
         let options: sqlx::postgres::PgConnectOptions = url.parse().map_err(Error::Unavailable)?;
-        let options = options.options([("jit", "off")]);
         // One plain connection first, so a refused host fails at once with its own error.
         let probe = tokio::time::timeout(Duration::from_secs(10), sqlx::PgConnection::connect_with(&options))
             .await
@@ -1101,8 +1100,7 @@ impl Inspector {
         Ok(Inspector { pool, keyring: None })
     }
 
-    /// A read-only inspector over an existing pool (turn JIT off on it, as
-    /// [`crate::EngineBuilder::pool`] says).
+    /// A read-only inspector over an existing pool.
     ///
     /// ```no_run
     /// # async fn demo(pool: sqlx::PgPool) {

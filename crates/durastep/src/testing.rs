@@ -593,7 +593,7 @@ impl TestEngineBuilder {
             store::create_database(&pool, &database).await.map_err(from_sqlx)?;
             pool.close().await;
         }
-        let options = admin.clone().database(&database).options([("jit", "off")]);
+        let options = admin.clone().database(&database);
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(8)
             .connect_with(options)

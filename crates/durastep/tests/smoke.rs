@@ -48,10 +48,16 @@ async fn three_steps_and_a_retry(_p: PgPoolOptions, opts: PgConnectOptions) {
     assert_eq!(run.attempt, 2);
 }
 
-/// The pools Durastep builds from a URL run with JIT off: with it on, the
-/// generic plan of a 1,000-event send spent 1.6 s compiling (docs/performance.md).
+/// Catches: an engine that needs (or forces) a JIT setting on its sessions, or
+/// a function losing its own `jit = off`. With JIT on, Postgres compiled every
+/// execution of the two statements whose plans are costed above
+/// `jit_above_cost` (a 1,000-event `send_batch`: 1.6 s; a prune batch at
+/// 700,000 finished runs: 180 functions each, docs/performance.md); both are
+/// functions that carry `jit = off`, and a probe of every other statement on a
+/// database of a million runs with JIT on found none compiled. So the engine's
+/// pools keep the server's settings.
 #[sqlx::test(migrations = false)]
-async fn pools_built_from_a_url_turn_jit_off(_p: PgPoolOptions, opts: PgConnectOptions) {
+async fn statements_need_no_jit_setting_of_the_pool(_p: PgPoolOptions, opts: PgConnectOptions) {
     let url = format!(
         "postgres://{}@{}:{}/{}",
         opts.get_username(),
@@ -60,8 +66,23 @@ async fn pools_built_from_a_url_turn_jit_off(_p: PgPoolOptions, opts: PgConnectO
         opts.get_database().unwrap_or("postgres")
     );
     let engine = durastep::Engine::builder().database_url(url).build().await.expect("build");
+    // What a session of this server gets without any option.
+    let plain = PgPoolOptions::new().max_connections(1).connect_with(opts.clone()).await.unwrap();
+    let server_default: String = sqlx::query_scalar("SHOW jit").fetch_one(&plain).await.unwrap();
     let jit: String = sqlx::query_scalar("SHOW jit").fetch_one(engine.pool()).await.unwrap();
-    assert_eq!(jit, "off");
+    assert_eq!(jit, server_default, "the engine changed the session's JIT setting");
+    let carry: Vec<(String, Option<Vec<String>>)> = sqlx::query_as(
+        "SELECT proname::text, proconfig FROM pg_proc
+          WHERE pronamespace = 'durastep'::regnamespace AND proname IN ('send_events', 'prune_batch')
+          ORDER BY proname",
+    )
+    .fetch_all(engine.pool())
+    .await
+    .unwrap();
+    assert_eq!(carry.len(), 2, "{carry:?}");
+    for (name, config) in carry {
+        assert!(config.unwrap_or_default().iter().any(|c| c == "jit=off"), "{name} lost its own jit = off");
+    }
 }
 
 /// Catches: a refused database that is reported only after the pool's acquire

@@ -1,4 +1,4 @@
-//! Connecting: the demo's own database, pools with JIT off, and an engine
+//! Connecting: the demo's own database, its pools, and an engine
 //! with every function registered and both schemas migrated.
 
 use std::sync::Arc;
@@ -43,9 +43,9 @@ pub async fn fresh_database(url: &str, name: &str) -> Result<PgConnectOptions, E
     Ok(server.database(name))
 }
 
-/// A pool with Postgres' JIT off, as Durastep asks of a pool handed to it.
+/// A pool on the demo's database.
 pub async fn pool(options: PgConnectOptions, max_connections: u32) -> Result<PgPool, Error> {
-    Ok(PgPoolOptions::new().max_connections(max_connections).connect_with(options.options([("jit", "off")])).await?)
+    Ok(PgPoolOptions::new().max_connections(max_connections).connect_with(options).await?)
 }
 
 /// An engine on `pool` with every function of the example registered;

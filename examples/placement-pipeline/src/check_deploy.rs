@@ -35,7 +35,7 @@ async fn check(args: CheckDeployArgs) -> Result<durastep::DeployReport, Box<dyn 
         Some(url) => url.parse()?,
         None => server_url().parse::<sqlx::postgres::PgConnectOptions>()?.database(DATABASE),
     };
-    let pool = PgPoolOptions::new().max_connections(2).connect_with(options.options([("jit", "off")])).await?;
+    let pool = PgPoolOptions::new().max_connections(2).connect_with(options).await?;
     // No step body runs in a check: the endpoints are never called.
     let unused = || "http://127.0.0.1:9".to_owned();
     let endpoints = Endpoints {

@@ -25,7 +25,7 @@ async fn connect() -> Result<PgPool> {
     let options = own_database(&url, false)
         .await
         .map_err(|e| format!("cannot reach Postgres at {url}: {e} (set DATABASE_URL to a Postgres you can use)"))?;
-    let pool = PgPoolOptions::new().max_connections(8).connect_with(options.options([("jit", "off")])).await?;
+    let pool = PgPoolOptions::new().max_connections(8).connect_with(options).await?;
     durastep::migrate(&pool).await?;
     settings::migrate(&pool).await?;
     Ok(pool)

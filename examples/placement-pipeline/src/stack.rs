@@ -127,11 +127,7 @@ pub struct Stack {
 impl Stack {
     /// Builds and starts everything on the database `options` points at.
     pub async fn start(options: PgConnectOptions, config: StackConfig) -> Result<Stack, StackError> {
-        // JIT off, as Durastep asks of a pool handed to it.
-        let pool = PgPoolOptions::new()
-            .max_connections(config.max_connections)
-            .connect_with(options.options([("jit", "off")]))
-            .await?;
+        let pool = PgPoolOptions::new().max_connections(config.max_connections).connect_with(options).await?;
         durastep::migrate(&pool).await?;
         settings::migrate(&pool).await?;
         let settings = Settings::new(pool.clone());

@@ -191,8 +191,7 @@ fn channel_post_of_an_older_build() -> Function {
 /// that compares only the first entry, or exits 0 whatever it found.
 #[sqlx::test(migrations = false)]
 async fn check_deploy_exits_1_when_a_run_in_flight_diverges(_p: PgPoolOptions, opts: PgConnectOptions) {
-    let pool =
-        PgPoolOptions::new().max_connections(4).connect_with(opts.clone().options([("jit", "off")])).await.unwrap();
+    let pool = PgPoolOptions::new().max_connections(4).connect_with(opts.clone()).await.unwrap();
     let old = pipeline_stack::build_engine(pool.clone(), vec![channel_post_of_an_older_build()]).await.unwrap();
     settings::migrate(&pool).await.unwrap();
     let shutdown = tokio_util::sync::CancellationToken::new();

@@ -95,8 +95,7 @@ async fn a_switch_that_is_off_wins_over_dry_run_and_a_side_effect_without_a_row_
     opts: PgConnectOptions,
 ) {
     use placement_pipeline::settings::{self, Mode, Settings};
-    let pool =
-        PgPoolOptions::new().max_connections(2).connect_with(opts.options([("jit", "off")])).await.expect("pool");
+    let pool = PgPoolOptions::new().max_connections(2).connect_with(opts).await.expect("pool");
     settings::migrate(&pool).await.expect("migrate");
     let s = Settings::new(pool);
     let check = async |expected: [Mode; 2]| {

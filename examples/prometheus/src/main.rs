@@ -77,7 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("{notice}");
     }
     let options = example_database(server.url()).await?;
-    let pool = PgPoolOptions::new().max_connections(5).connect_with(options.options([("jit", "off")])).await?;
+    let pool = PgPoolOptions::new().max_connections(5).connect_with(options).await?;
     let engine = Engine::builder()
         .pool(pool)
         .function(build_report())

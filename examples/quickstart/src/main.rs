@@ -59,9 +59,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         log.main(&notice);
     }
     let options = own_database(server.url()).await?;
-    // JIT off: Durastep's large statements would otherwise cross Postgres' JIT
-    // thresholds (see `EngineBuilder::pool`).
-    let pool = PgPoolOptions::new().max_connections(5).connect_with(options.options([("jit", "off")])).await?;
+    let pool = PgPoolOptions::new().max_connections(5).connect_with(options).await?;
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS quickstart_shipments (
              id         bigserial PRIMARY KEY,

@@ -32,13 +32,9 @@ pub fn fast_options() -> WorkerOptions {
     }
 }
 
-/// An engine on the test's database (JIT off, as the library asks of a pool).
+/// An engine on the test's database.
 pub async fn engine(opts: &PgConnectOptions, functions: Vec<Function>) -> Engine {
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect_with(opts.clone().options([("jit", "off")]))
-        .await
-        .expect("connect");
+    let pool = PgPoolOptions::new().max_connections(8).connect_with(opts.clone()).await.expect("connect");
     let mut b = Engine::builder().pool(pool).worker_options(fast_options());
     for f in functions {
         b = b.function(f);

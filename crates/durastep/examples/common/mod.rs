@@ -46,7 +46,7 @@ pub async fn fresh_db(name: &str) -> Result<ExampleDb> {
     sqlx::raw_sql(sqlx::AssertSqlSafe(drop)).execute(&mut admin).await?;
     let create = format!("CREATE DATABASE {database}");
     sqlx::raw_sql(sqlx::AssertSqlSafe(create)).execute(&mut admin).await?;
-    let options = server.database(&database).options([("jit", "off")]);
+    let options = server.database(&database);
     let pool = PgPoolOptions::new().max_connections(8).connect_with(options).await?;
     if local.cluster().is_some() {
         println!("database {database}, on the throwaway cluster (removed at exit)");

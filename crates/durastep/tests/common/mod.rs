@@ -68,9 +68,9 @@ pub async fn try_engine(
     worker: WorkerOptions,
     limits: Limits,
 ) -> Result<Engine, durastep::Error> {
-    // JIT off, as `EngineBuilder::pool` asks of a pool handed to the engine.
-    let options = opts.clone().options([("jit", "off")]);
-    let pool = PgPoolOptions::new().max_connections(6).connect_with(options).await.expect("connect");
+    // The server's JIT settings as they are (on, by default): Durastep's
+    // statements must not need it off.
+    let pool = PgPoolOptions::new().max_connections(6).connect_with(opts.clone()).await.expect("connect");
     let mut b = Engine::builder().pool(pool).worker_options(worker).limits(limits);
     for f in functions {
         b = b.function(f);
