@@ -22,7 +22,8 @@
 //! Knobs (environment): `BENCH_WRITERS` (group-commit writer tasks per worker,
 //! default the engine's), `BENCH_POOL` (pool per worker process, default 10),
 //! `BENCH_CLAIM_BATCH`, `BENCH_ONLY` (`raw`, `matrix` or `drain`; `fk` runs
-//! only the cost of the step tables' foreign keys, with and without them),
+//! only the cost of the step tables' foreign keys, with and without them;
+//! `indexes` that of the two dashboard-only indexes of `runs`),
 //! `BENCH_HISTORY=off` (disables the `runs_history` trigger, to measure what the
 //! run history costs; never do this in production).
 
@@ -154,6 +155,92 @@ async fn set_step_fks(pool: &PgPool, on: bool) {
     sqlx::raw_sql(sql).execute(pool).await.expect("switch the step foreign keys");
 }
 
+/// Puts back (`on`) or drops the two full indexes of `runs` with `state` in
+/// their keys that migration 0018 removed (they served only the dashboard).
+async fn set_dashboard_indexes(pool: &PgPool, on: bool) {
+    let sql = if on {
+        "CREATE INDEX IF NOT EXISTS runs_function_state ON durastep.runs (function_id, state, created_at);
+         CREATE INDEX IF NOT EXISTS runs_state_created ON durastep.runs (state, created_at DESC, id DESC)"
+    } else {
+        "DROP INDEX IF EXISTS durastep.runs_function_state;
+         DROP INDEX IF EXISTS durastep.runs_state_created"
+    };
+    sqlx::raw_sql(sql).execute(pool).await.expect("switch the dashboard indexes");
+}
+
+/// A piece of schema a migration removed, put back for a measurement.
+#[derive(Clone, Copy)]
+enum Removed {
+    /// The foreign keys of `step_results` and `step_journal` (0016).
+    StepFks,
+    /// `runs_function_state` and `runs_state_created` (0018).
+    DashboardIndexes,
+}
+
+impl Removed {
+    async fn set(self, pool: &PgPool, on: bool) {
+        match self {
+            Removed::StepFks => set_step_fks(pool, on).await,
+            Removed::DashboardIndexes => set_dashboard_indexes(pool, on).await,
+        }
+    }
+
+    /// Its name in the table and the metric (`<metric>_cost_<n>_inflight`).
+    fn names(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Removed::StepFks => ("the step tables' foreign keys", "fk", "on (before 0016)"),
+            Removed::DashboardIndexes => ("the dashboard-only indexes", "indexes", "on (before 0018)"),
+        }
+    }
+}
+
+/// Steps/s of `runs` runs of `function` (`steps` steps each) in one process,
+/// with `removed` put back and without it, interleaved twice per in-flight
+/// count; prints a table and `RESULT metric=<name>_cost_<n>_inflight` (without
+/// / with).
+#[allow(clippy::too_many_arguments)]
+async fn removed_cost(
+    db: &BenchDb,
+    engine: &Engine,
+    pool: &PgPool,
+    removed: Removed,
+    function: &str,
+    steps: usize,
+    in_flights: &[usize],
+    runs: usize,
+) {
+    let (what, metric, on_label) = removed.names();
+    let mut t = Table::new(
+        &format!("What {what} cost ({runs} runs of {steps} no-op step(s), 1 process)"),
+        &["runs in flight", what, "steps/s (two passes)", "without / with"],
+    );
+    for &in_flight in in_flights {
+        let mut with = Vec::new();
+        let mut without = Vec::new();
+        for _ in 0..2 {
+            for on in [true, false] {
+                removed.set(pool, on).await;
+                let cell = run_cell(db, engine, function, runs, 1, in_flight).await;
+                let steps_s = (runs * steps) as f64 / cell.elapsed.as_secs_f64();
+                if on { with.push(steps_s) } else { without.push(steps_s) }
+            }
+        }
+        removed.set(pool, false).await;
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let (w, wo) = (mean(&with), mean(&without));
+        result(&format!("{metric}_cost_{in_flight}_inflight"), wo / w, Some(wo / w));
+        for (label, v) in [(on_label, &with), ("off", &without)] {
+            t.row(vec![
+                in_flight.to_string(),
+                label.into(),
+                v.iter().map(|x| thousands(*x)).collect::<Vec<_>>().join(", "),
+                ratio(wo, w),
+            ]);
+        }
+    }
+    t.print();
+}
+
 async fn set_history(pool: &PgPool, on: bool) {
     let sql = if on {
         "ALTER TABLE durastep.runs ENABLE TRIGGER runs_history"
@@ -221,39 +308,16 @@ async fn main() {
         t.print();
     }
 
-    // What the step tables' foreign keys cost (migration 0016 dropped them):
-    // 10-step runs, 1 process, with and without them, interleaved twice.
+    // What a schema piece that a migration removed cost, measured in this run
+    // with it put back and without it, interleaved twice (1 process).
     if std::env::var("BENCH_ONLY").is_ok_and(|o| o == "fk") {
-        let runs = 5_000;
-        let mut t = Table::new(
-            "What the step tables' foreign keys cost (5,000 runs of 10 no-op steps, 1 process)",
-            &["runs in flight", "foreign keys", "steps/s (two passes)", "without / with"],
-        );
-        for in_flight in [16, 256] {
-            let mut with = Vec::new();
-            let mut without = Vec::new();
-            for _ in 0..2 {
-                for on in [true, false] {
-                    set_step_fks(&pool, on).await;
-                    let cell = run_cell(&db, &engine, NOOP10, runs, 1, in_flight).await;
-                    let steps_s = runs as f64 * 10.0 / cell.elapsed.as_secs_f64();
-                    if on { with.push(steps_s) } else { without.push(steps_s) }
-                }
-            }
-            set_step_fks(&pool, false).await;
-            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-            let (w, wo) = (mean(&with), mean(&without));
-            result(&format!("fk_cost_{in_flight}_inflight"), wo / w, Some(wo / w));
-            for (label, v) in [("on (before 0016)", &with), ("off", &without)] {
-                t.row(vec![
-                    in_flight.to_string(),
-                    label.into(),
-                    v.iter().map(|x| thousands(*x)).collect::<Vec<_>>().join(", "),
-                    ratio(wo, w),
-                ]);
-            }
-        }
-        t.print();
+        // The step tables' foreign keys (dropped by 0016): 10-step runs.
+        removed_cost(&db, &engine, &pool, Removed::StepFks, NOOP10, 10, &[16, 256], 5_000).await;
+    }
+    if std::env::var("BENCH_ONLY").is_ok_and(|o| o == "indexes") {
+        // The dashboard-only indexes (dropped by 0018): single-step runs,
+        // where a claim and a completion are most of the work.
+        removed_cost(&db, &engine, &pool, Removed::DashboardIndexes, NOOP1, 1, &[256], 20_000).await;
     }
 
     if runs_section("drain") {

@@ -290,12 +290,18 @@ pub(crate) async fn runs_row_estimate(pool: &PgPool) -> Result<i64, sqlx::Error>
         .await
 }
 
-/// Exact counts of the unfinished states only (through `runs_state_created`;
-/// `diverged` through `runs_diverged`).
+/// Exact counts of the unfinished states only (through the partial indexes
+/// `runs_due`, `runs_running` and `runs_diverged`: bounded by the work in
+/// flight, however many finished runs the table keeps).
 pub(crate) async fn unfinished_counts(pool: &PgPool) -> Result<Vec<(String, RunState, i64)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT function_id, state, count(*) FROM durastep.runs
-          WHERE state IN ('queued', 'running', 'sleeping', 'waiting', 'diverged') GROUP BY 1, 2 ORDER BY 1, 2",
+        // One branch per partial index, whose predicate each branch repeats:
+        // a single `state IN (...)` over all five is a seq scan of the table.
+        "SELECT function_id, state, count(*) FROM (
+             SELECT function_id, state FROM durastep.runs WHERE state IN ('queued', 'sleeping', 'waiting')
+             UNION ALL SELECT function_id, state FROM durastep.runs WHERE state = 'running'
+             UNION ALL SELECT function_id, state FROM durastep.runs WHERE state = 'diverged') u
+          GROUP BY 1, 2 ORDER BY 1, 2",
     )
     .fetch_all(pool)
     .await
@@ -431,10 +437,20 @@ pub(crate) async fn unfinished_runs(
                    FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
                 (SELECT jsonb_agg(jsonb_build_array(j.position, j.kind, j.step_key))
                    FROM durastep.step_journal j WHERE j.run_id = r.id) AS journal
-           FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id
-          WHERE r.function_id = ANY ($1) AND r.id > $2
-            AND r.state IN ('queued', 'running', 'sleeping', 'waiting', 'diverged')
-          ORDER BY r.id LIMIT $3",
+           FROM (
+               -- The page's ids first, one branch per partial index (a single
+               -- `state IN (...)` over all five is a seq scan of the table).
+               SELECT u.id FROM (
+                   SELECT id FROM durastep.runs
+                    WHERE state IN ('queued', 'sleeping', 'waiting') AND function_id = ANY ($1) AND id > $2
+                   UNION ALL SELECT id FROM durastep.runs
+                    WHERE state = 'running' AND function_id = ANY ($1) AND id > $2
+                   UNION ALL SELECT id FROM durastep.runs
+                    WHERE state = 'diverged' AND function_id = ANY ($1) AND id > $2) u
+                ORDER BY u.id LIMIT $3) page
+           JOIN durastep.runs r ON r.id = page.id
+           JOIN durastep.events e ON e.id = r.event_id
+          ORDER BY r.id",
     )
     .bind(functions)
     .bind(after)
