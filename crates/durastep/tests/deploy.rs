@@ -764,3 +764,37 @@ async fn a_changed_wait_diverges(_p: PgPoolOptions, opts: PgConnectOptions) {
         v2.cancel(id, "next case").await.unwrap();
     }
 }
+
+/// Catches: a `check_deploy` that misses runs past its first page (200), or
+/// in a state it reads through another partial index than the page before,
+/// or counts finished runs. 260 asleep, 250 queued, 10 completed: 510 checked
+/// over three pages whose ids interleave both states.
+#[sqlx::test(migrations = false)]
+async fn check_deploy_pages_through_every_unfinished_run(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let nap = || {
+        Function::new("nap").on_event("nap/go").handler(|ctx: Ctx, e: Value| async move {
+            if e["sleep"] == true {
+                ctx.sleep("long", Duration::from_secs(3600)).await?;
+            }
+            Ok(())
+        })
+    };
+    let engine = common::engine(&opts, vec![nap()]).await;
+    let sleepers: Vec<Event> = (0..260).map(|i| Event::new("nap/go", &json!({"sleep": true, "i": i}))).collect();
+    let done: Vec<Event> = (0..10).map(|i| Event::new("nap/go", &json!({"sleep": false, "i": i}))).collect();
+    engine.send_batch(sleepers).await.unwrap();
+    engine.send_batch(done).await.unwrap();
+    let w = common::spawn_worker(&engine);
+    common::wait_until("260 asleep and 10 completed", || async {
+        common::count(&engine, "durastep.runs WHERE state = 'sleeping'").await == 260
+            && common::count(&engine, "durastep.runs WHERE state = 'completed'").await == 10
+    })
+    .await;
+    w.stop().await;
+    let queued: Vec<Event> = (0..250).map(|i| Event::new("nap/go", &json!({"sleep": true, "q": i}))).collect();
+    engine.send_batch(queued).await.unwrap();
+
+    let report = common::engine(&opts, vec![nap()]).await.check_deploy().await.unwrap();
+    assert!(report.is_safe(), "{report}");
+    assert_eq!(report.runs_checked, 510, "{report}");
+}
