@@ -194,21 +194,20 @@ impl Removed {
     }
 }
 
-/// Steps/s of `runs` runs of `function` (`steps` steps each) in one process,
-/// with `removed` put back and without it, interleaved twice per in-flight
-/// count; prints a table and `RESULT metric=<name>_cost_<n>_inflight` (without
-/// / with).
-#[allow(clippy::too_many_arguments)]
-async fn removed_cost(
-    db: &BenchDb,
-    engine: &Engine,
-    pool: &PgPool,
-    removed: Removed,
-    function: &str,
+/// The runs a [`removed_cost`] measurement drains: `runs` runs of `function`
+/// (`steps` steps each), in one process, at each of `in_flights`.
+struct Drain {
+    function: &'static str,
     steps: usize,
-    in_flights: &[usize],
+    in_flights: &'static [usize],
     runs: usize,
-) {
+}
+
+/// Steps/s of `drain` with `removed` put back and without it, interleaved
+/// twice per in-flight count; prints a table and
+/// `RESULT metric=<name>_cost_<n>_inflight` (without / with).
+async fn removed_cost(db: &BenchDb, engine: &Engine, pool: &PgPool, removed: Removed, drain: Drain) {
+    let Drain { function, steps, in_flights, runs } = drain;
     let (what, metric, on_label) = removed.names();
     let mut t = Table::new(
         &format!("What {what} cost ({runs} runs of {steps} no-op step(s), 1 process)"),
@@ -312,12 +311,14 @@ async fn main() {
     // with it put back and without it, interleaved twice (1 process).
     if std::env::var("BENCH_ONLY").is_ok_and(|o| o == "fk") {
         // The step tables' foreign keys (dropped by 0016): 10-step runs.
-        removed_cost(&db, &engine, &pool, Removed::StepFks, NOOP10, 10, &[16, 256], 5_000).await;
+        let drain = Drain { function: NOOP10, steps: 10, in_flights: &[16, 256], runs: 5_000 };
+        removed_cost(&db, &engine, &pool, Removed::StepFks, drain).await;
     }
     if std::env::var("BENCH_ONLY").is_ok_and(|o| o == "indexes") {
         // The dashboard-only indexes (dropped by 0018): single-step runs,
         // where a claim and a completion are most of the work.
-        removed_cost(&db, &engine, &pool, Removed::DashboardIndexes, NOOP1, 1, &[256], 20_000).await;
+        let drain = Drain { function: NOOP1, steps: 1, in_flights: &[256], runs: 20_000 };
+        removed_cost(&db, &engine, &pool, Removed::DashboardIndexes, drain).await;
     }
 
     if runs_section("drain") {
