@@ -21,7 +21,7 @@
 //!
 //! Knobs (environment): `BENCH_WRITERS` (group-commit writer tasks per worker,
 //! default the engine's), `BENCH_POOL` (pool per worker process, default 10),
-//! `BENCH_CLAIM_BATCH`, `BENCH_ONLY` (`raw`, `matrix` or `drain`; `fk` runs
+//! `BENCH_CLAIM_BATCH`, `BENCH_CLAIM_AHEAD`, `BENCH_ONLY` (`raw`, `matrix` or `drain`; `fk` runs
 //! only the cost of the step tables' foreign keys, with and without them;
 //! `indexes` that of the two dashboard-only indexes of `runs`),
 //! `BENCH_HISTORY=off` (disables the `runs_history` trigger, to measure what the
@@ -101,6 +101,7 @@ async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs
         in_flight: in_flight / procs,
         writers: env_usize("BENCH_WRITERS").unwrap_or(WorkerConfig::default().writers),
         claim_batch: env_usize("BENCH_CLAIM_BATCH").unwrap_or(WorkerConfig::default().claim_batch),
+        claim_ahead: env_usize("BENCH_CLAIM_AHEAD").unwrap_or(WorkerConfig::default().claim_ahead),
         // 8 processes of 10 + 3 control connections would pass the default max_connections of 100.
         pool: env_usize("BENCH_POOL").map_or((48 / procs).clamp(4, 10) as u32, |p| p as u32),
         listen: true,

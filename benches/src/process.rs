@@ -25,6 +25,8 @@ pub struct WorkerConfig {
     pub writers: usize,
     /// `WorkerOptions::claim_batch`.
     pub claim_batch: usize,
+    /// `WorkerOptions::claim_ahead`.
+    pub claim_ahead: usize,
     /// The engine's main pool size.
     pub pool: u32,
     /// `WorkerOptions::listen`.
@@ -38,6 +40,7 @@ impl Default for WorkerConfig {
             in_flight: d.max_in_flight,
             writers: d.writers,
             claim_batch: d.claim_batch,
+            claim_ahead: d.claim_ahead,
             pool: 10,
             listen: true,
         }
@@ -51,6 +54,7 @@ impl WorkerConfig {
             format!("in_flight={}", self.in_flight),
             format!("writers={}", self.writers),
             format!("claim_batch={}", self.claim_batch),
+            format!("claim_ahead={}", self.claim_ahead),
             format!("pool={}", self.pool),
             format!("listen={}", self.listen),
         ]
@@ -60,7 +64,7 @@ impl WorkerConfig {
     ///
     /// ```
     /// use durastep_benches::process::WorkerConfig;
-    /// let c = WorkerConfig { in_flight: 4, writers: 3, claim_batch: 8, pool: 5, listen: false };
+    /// let c = WorkerConfig { in_flight: 4, writers: 3, claim_batch: 8, claim_ahead: 2, pool: 5, listen: false };
     /// assert_eq!(WorkerConfig::from_args(c.to_args()), c);
     /// ```
     pub fn from_args(args: impl IntoIterator<Item = String>) -> WorkerConfig {
@@ -71,6 +75,7 @@ impl WorkerConfig {
                 "in_flight" => c.in_flight = v.parse().unwrap_or(c.in_flight),
                 "writers" => c.writers = v.parse().unwrap_or(c.writers),
                 "claim_batch" => c.claim_batch = v.parse().unwrap_or(c.claim_batch),
+                "claim_ahead" => c.claim_ahead = v.parse().unwrap_or(c.claim_ahead),
                 "pool" => c.pool = v.parse().unwrap_or(c.pool),
                 "listen" => c.listen = v.parse().unwrap_or(c.listen),
                 _ => {}
@@ -85,6 +90,7 @@ impl WorkerConfig {
             max_in_flight: self.in_flight,
             writers: self.writers,
             claim_batch: self.claim_batch,
+            claim_ahead: self.claim_ahead,
             listen: self.listen,
             ..Default::default()
         }

@@ -1,7 +1,7 @@
 //! A worker process for the multi-process benches: registers the bench
 //! functions, prints `ready`, starts working on `go`, stops when stdin closes.
 //!
-//! `bench-worker <database-url> [in_flight=N] [writers=N] [claim_batch=N] [pool=N] [listen=bool]`
+//! `bench-worker <database-url> [in_flight=N] [writers=N] [claim_batch=N] [claim_ahead=N] [pool=N] [listen=bool]`
 
 use durastep::Engine;
 use durastep_benches::process::WorkerConfig;

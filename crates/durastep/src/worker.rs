@@ -8,7 +8,8 @@
 //! successful heartbeat within one lease by the worker's own clock) has its
 //! handler dropped and gets no further writes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,14 @@ pub struct WorkerOptions {
     pub max_in_flight: usize,
     /// Runs claimed per round trip at most (default 32).
     pub claim_batch: usize,
+    /// Runs claimed ahead of free slots (default 16, at most `max_in_flight`):
+    /// claimed and leased, they wait in this worker and start the moment a
+    /// slot frees, without a claim round trip in between; the buffer is
+    /// refilled in one claim once half of it has started. Only runs of
+    /// functions without claim-time flow rules or timeouts are claimed ahead
+    /// beyond one run; a run of a flow-limited function waits for at most
+    /// one slot to free, ahead of the buffered runs. 0 claims only for free slots.
+    pub claim_ahead: usize,
     /// Longest wait between claims when no notification arrives (default 1 s):
     /// the bound on how late a timer can fire.
     pub poll_interval: Duration,
@@ -74,6 +83,7 @@ impl Default for WorkerOptions {
         WorkerOptions {
             max_in_flight: 64,
             claim_batch: 32,
+            claim_ahead: 16,
             poll_interval: Duration::from_secs(1),
             lease: Duration::from_secs(30),
             heartbeat_interval: Duration::from_secs(10),
@@ -135,7 +145,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         tracing::info!(functions = ?versions, "worker started");
         let held: HeldRuns = Arc::default();
         let wake = Arc::new(Notify::new());
-        let slot_freed = Arc::new(Notify::new());
+        let slot_freed = Arc::new(Turnover::default());
         let stop_background = CancellationToken::new();
         let stop_writers = CancellationToken::new();
         let (writer, writer_tasks) = Writer::spawn(
@@ -175,8 +185,22 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         }
 
         let slots = Arc::new(Semaphore::new(opts.max_in_flight.max(1)));
-        let mut executors = tokio::task::JoinSet::new();
+        let ahead = opts.claim_ahead.min(opts.max_in_flight.max(1));
+        let batch = opts.claim_batch.max(1);
+        // Claimed runs waiting for a slot, in the order they start.
+        let mut ready: VecDeque<Ready> = VecDeque::new();
+        // Claim rounds in flight (at most two: a second one only while the
+        // queue gave full batches), and the runs they may bring.
+        let mut claims: tokio::task::JoinSet<ClaimDone> = tokio::task::JoinSet::new();
+        let mut pending = 0usize;
+        let mut asked: HashMap<tokio::task::Id, usize> = HashMap::new();
+        let mut last_full = false;
+        // No claim before this: the queue had nothing due (until a wake-up,
+        // a slot frees or the timer), or a claim failed (backoff).
+        let mut hold_until: Option<tokio::time::Instant> = None;
         let mut failures = 0u32;
+        let (mut window_start, mut window_frees, mut recent_frees) = (Instant::now(), 0usize, 0usize);
+        let mut executors = tokio::task::JoinSet::new();
         loop {
             if shutdown.is_cancelled() {
                 break;
@@ -191,78 +215,145 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     );
                 }
             }
-            let free = slots.available_permits();
-            if free == 0 {
-                tokio::select! {
-                    _ = slot_freed.notified() => continue,
-                    _ = shutdown.cancelled() => break,
-                }
-            }
-            let want = free.min(opts.claim_batch.max(1));
-            // The lease starts when the database runs the claim: count from before we send it.
-            let claim_sent = Instant::now();
-            fast_first = !fast_first;
-            let claimed = claim_round(&engine, &classes, fast_first, want, worker_id).await;
-            let (claimed, moved) = match claimed {
-                Ok(runs) => {
-                    failures = 0;
-                    runs
-                }
-                Err(e) => {
-                    failures += 1;
-                    let backoff = Duration::from_millis(50 * 2u64.pow(failures.min(7))).min(Duration::from_secs(1));
-                    tracing::warn!(error = %e, ?backoff, "claim failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => continue,
-                        _ = shutdown.cancelled() => break,
+            // Start what waits, on the free slots; a run lost or cancelled
+            // while it waited starts at once, only to end its attempt.
+            while let Some(next) = ready.front() {
+                let permit = if next.lost.is_cancelled() {
+                    None
+                } else {
+                    match slots.clone().try_acquire_owned() {
+                        Ok(p) => Some(p),
+                        Err(_) => break,
                     }
-                }
-            };
-            let got = claimed.len();
-            for run in claimed {
-                let Ok(permit) = slots.clone().try_acquire_owned() else {
-                    // Cannot happen (we claimed at most `free`), but never run unbounded.
-                    let _ = store::release_run(&engine.pool, run.fence()).await;
-                    continue;
                 };
-                let lost = CancellationToken::new();
-                let h = Held {
-                    fence: run.fence(),
-                    lost: lost.clone(),
-                    last_extended: claim_sent,
-                    function_id: run.function_id.clone(),
-                };
-                lock(&held).insert(run.id, h);
-                let (engine, held, writer, slot_freed) =
-                    (engine.clone(), held.clone(), writer.clone(), slot_freed.clone());
+                let Some(next) = ready.pop_front() else { break };
+                let slot = Slot { permit, turnover: slot_freed.clone() };
+                let (engine, held, writer) = (engine.clone(), held.clone(), writer.clone());
                 executors.spawn(async move {
                     // Dropped when the attempt ends, also if `execute` panics: the
                     // run is no longer held (its lease then expires) and the slot is free.
-                    let _done = Done { held, fence: run.fence() };
-                    let slot = Slot { permit: Some(permit), freed: slot_freed };
-                    execute(&engine, run, writer, lost, slot).await;
+                    let _done = Done { held, fence: next.run.fence() };
+                    execute(&engine, next, writer, slot).await;
                 });
             }
-            // Flow control parked, skipped or woke runs: more may be claimable now.
-            if got > 0 || moved > 0 {
+            if hold_until.is_some_and(|t| t <= tokio::time::Instant::now()) {
+                hold_until = None;
+            }
+            // Claim ahead only what the slots freed in the last window would
+            // take: a worker whose handlers are all stuck claims nothing ahead.
+            if window_start.elapsed() >= TURNOVER_WINDOW {
+                let frees = slot_freed.frees.load(Ordering::Relaxed);
+                recent_frees = frees - window_frees;
+                (window_frees, window_start) = (frees, Instant::now());
+            }
+            let ahead = ahead.min(recent_frees);
+            // Free slots, and the runs that will fill them without a slot of
+            // their own: those waiting and those the claims in flight may bring.
+            let idle = slots.available_permits();
+            let covered = ready.len() + pending;
+            let room = (idle + ahead).saturating_sub(covered);
+            let starved = idle > covered || (ahead > 0 && room >= ahead.div_ceil(2));
+            let may_claim = claims.is_empty() || (claims.len() < 2 && last_full);
+            if hold_until.is_none() && room > 0 && starved && may_claim {
+                let want = Want {
+                    fast: room.min(batch),
+                    full: idle.saturating_sub(covered).max(1).min(room.min(batch)),
+                };
+                pending += want.fast;
+                fast_first = !fast_first;
+                let (engine, classes) = (engine.clone(), classes.clone());
+                let task = claims.spawn(async move {
+                    // The lease starts when the database runs the claim: count from before we send it.
+                    let sent = Instant::now();
+                    let result = claim_round(&engine, &classes, fast_first, want, worker_id).await;
+                    ClaimDone { result, want, sent, received: Instant::now() }
+                });
+                asked.insert(task.id(), want.fast);
                 continue;
             }
-            let wait = match store::next_due_in(&engine.pool, &functions).await {
-                Ok(Some(d)) => d.min(opts.poll_interval),
-                _ => opts.poll_interval,
-            };
-            if wait.is_zero() {
-                // Due but claimed by someone else or not yet visible: do not spin.
-                tokio::task::yield_now().await;
-            }
+            let sleep_until = hold_until.unwrap_or_else(|| tokio::time::Instant::now() + opts.poll_interval);
+            let give_back_at = ready.front().map_or(sleep_until, |r| (r.received + AHEAD_WAIT_MAX).into());
             tokio::select! {
-                _ = wake.notified() => {}
-                _ = tokio::time::sleep(wait.max(Duration::from_millis(5))) => {}
+                Some(done) = claims.join_next_with_id(), if !claims.is_empty() => {
+                    let id = match &done {
+                        Ok((id, _)) => *id,
+                        Err(e) => e.id(),
+                    };
+                    pending -= asked.remove(&id).unwrap_or(0);
+                    // claim_round catches its own panics: a claim task cannot fail.
+                    let Ok((_, done)) = done else { continue };
+                    match done.result {
+                        Ok((claimed, moved)) => {
+                            failures = 0;
+                            last_full = claimed.len() >= done.want.fast;
+                            let got = claimed.len();
+                            for (run, fast) in claimed {
+                                let lost = CancellationToken::new();
+                                let h = Held {
+                                    fence: run.fence(),
+                                    lost: lost.clone(),
+                                    last_extended: done.sent,
+                                    function_id: run.function_id.clone(),
+                                };
+                                lock(&held).insert(run.id, h);
+                                let r = Ready { run, lost, received: done.received };
+                                // A flow-limited run holds its concurrency slots from the
+                                // claim: it starts before the runs claimed ahead.
+                                if fast { ready.push_back(r) } else { ready.push_front(r) }
+                            }
+                            // Nothing due (flow control moved nothing either): wait
+                            // for a wake-up or the next due run, not for a slot.
+                            if got == 0 && moved == 0 && claims.is_empty() {
+                                let wait = match store::next_due_in(&engine.pool, &functions).await {
+                                    Ok(Some(d)) => d.min(opts.poll_interval),
+                                    _ => opts.poll_interval,
+                                };
+                                // Due but claimed by someone else or not yet visible: do not spin.
+                                hold_until = Some(tokio::time::Instant::now() + wait.max(Duration::from_millis(5)));
+                            }
+                        }
+                        Err(e) => {
+                            failures += 1;
+                            last_full = false;
+                            let backoff = Duration::from_millis(50 * 2u64.pow(failures.min(7))).min(Duration::from_secs(1));
+                            tracing::warn!(error = %e, ?backoff, "claim failed; retrying");
+                            hold_until = Some(tokio::time::Instant::now() + backoff);
+                        }
+                    }
+                }
+                _ = wake.notified(), if hold_until.is_some() && failures == 0 => hold_until = None,
+                _ = slot_freed.notify.notified() => {}
+                _ = tokio::time::sleep_until(give_back_at), if !ready.is_empty() => {
+                    // Claimed ahead, but no slot freed for AHEAD_WAIT_MAX:
+                    // another worker may run them now.
+                    while ready.front().is_some_and(|r| r.received.elapsed() >= AHEAD_WAIT_MAX) {
+                        let Some(r) = ready.pop_front() else { break };
+                        let fence = r.run.fence();
+                        lock(&held).remove(&fence.run_id());
+                        give_back(&engine, r).await;
+                    }
+                }
+                _ = tokio::time::sleep_until(sleep_until), if hold_until.is_some() => hold_until = None,
                 _ = shutdown.cancelled() => break,
             }
         }
 
-        // Graceful shutdown: no more claims; running attempts may finish within the grace.
+        // Graceful shutdown: no more claims; a claim in flight is awaited, so
+        // that its runs are given back with those claimed ahead.
+        while let Some(done) = claims.join_next().await {
+            if let Ok(ClaimDone { result: Ok((claimed, _)), received, .. }) = done {
+                for (run, _) in claimed {
+                    let lost = CancellationToken::new();
+                    ready.push_back(Ready { run, lost, received });
+                }
+            }
+        }
+        // Graceful shutdown: no more claims; runs claimed ahead that did not
+        // start are given back at once; running attempts may finish within the grace.
+        for r in ready.drain(..) {
+            lock(&held).remove(&r.run.id);
+            give_back(&engine, r).await;
+        }
         tracing::info!(in_flight = executors.len(), "worker stopping");
         let drained =
             tokio::time::timeout(opts.shutdown_grace, async { while executors.join_next().await.is_some() {} }).await;
@@ -316,18 +407,19 @@ impl ClaimClasses {
 /// `panic` failpoint action) fails this round only: the claim loop logs it and
 /// retries, as after a failed claim statement.
 ///
-/// Up to `want` runs: the fast claim for the functions without claim-time flow
-/// rules, the full claim for the others, the second only for what the first
-/// left of `want`. Priority orders runs within each class; the claim loop
-/// alternates `fast_first` per round, so that a stream of runs in one class
-/// cannot starve the other.
+/// Up to `want.fast` runs in all: the fast claim for the functions without
+/// claim-time flow rules, the full claim (at most `want.full`) for the
+/// others, the second only for what the first left. Priority orders runs
+/// within each class; the claim loop alternates `fast_first` per round, so
+/// that a stream of runs in one class cannot starve the other. Each run comes
+/// with whether the fast claim took it.
 async fn claim_round(
     engine: &Arc<EngineInner>,
     classes: &Arc<ClaimClasses>,
     fast_first: bool,
-    want: usize,
+    want: Want,
     worker_id: Uuid,
-) -> Result<(Vec<ClaimedRun>, i64), String> {
+) -> Result<(Vec<(ClaimedRun, bool)>, i64), String> {
     let (engine, classes) = (engine.clone(), classes.clone());
     let round = tokio::spawn(async move {
         crate::failpoint!("claim-before-commit", Err("failpoint claim-before-commit".to_owned()));
@@ -335,7 +427,8 @@ async fn claim_round(
         let order = if fast_first { [true, false] } else { [false, true] };
         let (mut runs, mut moved) = (Vec::new(), 0);
         for fast in order {
-            let left = want.saturating_sub(runs.len());
+            let cap = if fast { want.fast } else { want.full.min(want.fast) };
+            let left = cap.saturating_sub(runs.len());
             let functions = if fast { &classes.fast } else { &classes.full };
             if left == 0 || functions.ids.is_empty() {
                 continue;
@@ -356,7 +449,7 @@ async fn claim_round(
                 Err(e) => return Err(e.to_string()),
             };
             metrics::claimed(sent.elapsed(), got.len());
-            runs.extend(got);
+            runs.extend(got.into_iter().map(|r| (r, fast)));
             moved += m;
         }
         if !runs.is_empty() {
@@ -398,6 +491,31 @@ where
     })
 }
 
+/// How many runs one claim round may take: in all (`fast`: the free slots
+/// plus the room left for runs claimed ahead), and of functions with
+/// claim-time flow rules (`full`: the free slots, or one).
+#[derive(Debug, Clone, Copy)]
+struct Want {
+    fast: usize,
+    full: usize,
+}
+
+/// A claim round that ended: what it asked for, when it was sent and when its answer came.
+struct ClaimDone {
+    result: Result<(Vec<(ClaimedRun, bool)>, i64), String>,
+    want: Want,
+    sent: Instant,
+    received: Instant,
+}
+
+/// A claimed run that has not started: held (its lease is kept), waiting for a slot.
+struct Ready {
+    run: ClaimedRun,
+    lost: CancellationToken,
+    /// When the claim's answer arrived: the run's `db_now` was read before it.
+    received: Instant,
+}
+
 /// The end of one executor: releases its run's slot and its place in the held
 /// runs, whether the attempt ended normally or its executor panicked.
 struct Done {
@@ -421,14 +539,43 @@ impl Drop for Done {
 /// commit), or else when the attempt ends, also if it panics.
 struct Slot {
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    freed: Arc<Notify>,
+    turnover: Arc<Turnover>,
 }
 
 impl Slot {
     fn free(&mut self) {
         // Free the slot before telling the claim loop, which then counts free slots.
         if self.permit.take().is_some() {
-            self.freed.notify_one();
+            self.turnover.frees.fetch_add(1, Ordering::Relaxed);
+            self.turnover.notify.notify_one();
+        }
+    }
+}
+
+/// How the claim loop learns that slots free: woken, and a count of them
+/// (the rate at which this worker's slots turn over bounds what it claims ahead).
+#[derive(Default)]
+struct Turnover {
+    notify: Notify,
+    frees: AtomicUsize,
+}
+
+/// The window over which slot turnover is counted.
+const TURNOVER_WINDOW: Duration = Duration::from_millis(100);
+
+/// How long a run claimed ahead may wait for a slot before it is given back.
+const AHEAD_WAIT_MAX: Duration = Duration::from_secs(1);
+
+/// Gives back a run claimed ahead that did not start (not an attempt: the
+/// run is due again at once), or ends the attempt of one cancelled meanwhile.
+async fn give_back(engine: &EngineInner, r: Ready) {
+    let fence = r.run.fence();
+    match store::release_run(&engine.pool, fence).await {
+        Ok(true) => {}
+        // Cancelled while it waited: it holds its slots until its attempt ends.
+        Ok(false) => end_cancelled(engine, &RunRef::of(&r.run)).await,
+        Err(e) => {
+            tracing::warn!(run_id = %fence.run_id(), error = %e, "could not give back a run claimed ahead; its lease will expire")
         }
     }
 }
@@ -478,7 +625,15 @@ async fn diverged(engine: &EngineInner, run: &RunRef, d: crate::journal::Diverge
 }
 
 /// Executes one attempt of a claimed run and writes how it ended.
-async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: CancellationToken, mut slot: Slot) {
+async fn execute(engine: &EngineInner, ready: Ready, writer: Writer, mut slot: Slot) {
+    let Ready { run, lost, received } = ready;
+    if lost.is_cancelled() {
+        // Lost or cancelled before it started (it waited for a slot): no user
+        // code runs; a cancelled run's slots are given back now.
+        slot.free();
+        end_cancelled(engine, &RunRef::of(&run)).await;
+        return;
+    }
     let Some(function) = engine.handler(&run.function_id, run.version) else {
         // Claimed only for registered versions; unreachable, but fail loudly rather than loop.
         let _ = store::fail_attempt(
@@ -497,7 +652,7 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
     let attempt = u32::try_from(run.attempt).unwrap_or(1);
     let span = tracing::info_span!("run", run_id = %run.id, function = %run.function_id, attempt);
     metrics::run_started(&run.function_id, attempt);
-    let this = RunRef { fence: run.fence(), function_id: run.function_id.clone(), parent: run.parent.clone() };
+    let this = RunRef::of(&run);
     let (signal_tx, signal_rx) = oneshot::channel();
     let journal = Arc::new(Mutex::new(Journal::new(run.journal)));
     let ctx = Ctx::new(CtxParts {
@@ -518,7 +673,7 @@ async fn execute(engine: &EngineInner, run: ClaimedRun, writer: Writer, lost: Ca
         limits: engine.limits,
         keyring: engine.keyring.clone(),
         db_now: run.db_now,
-        claimed_at: Instant::now(),
+        claimed_at: received,
         span: span.clone(),
         step_timeout: function.step_timeout,
     });
@@ -705,6 +860,12 @@ struct RunRef {
     function_id: String,
     /// The run and step that invoked it (from the claim): a child's output is bound to them.
     parent: Option<(Uuid, String)>,
+}
+
+impl RunRef {
+    fn of(run: &ClaimedRun) -> RunRef {
+        RunRef { fence: run.fence(), function_id: run.function_id.clone(), parent: run.parent.clone() }
+    }
 }
 
 /// Stores the end of a failed attempt (a retry or the run's failure); returns
