@@ -99,9 +99,7 @@ RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch,
           (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
              FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
           (SELECT jsonb_agg(jsonb_build_array(j.position, j.kind, j.step_key))
-             FROM (SELECT j.position, j.kind, j.step_key FROM durastep.step_journal j WHERE j.run_id = r.id
-                   UNION ALL SELECT s.position, s.kind, s.step_key FROM durastep.step_results s
-                    WHERE s.run_id = r.id AND s.position IS NOT NULL) j) AS journal,
+             FROM durastep.step_journal j WHERE j.run_id = r.id) AS journal,
           0::bigint AS moved
 $q$);
 -- crates/durastep/src/store.rs: flush_sql!("FOR NO KEY UPDATE", fin_complete!())
@@ -119,13 +117,16 @@ WITH cp AS (
       WHERE r.id = ANY ($1::uuid[] || $5::uuid[]) AND r.state = 'running'
       ORDER BY r.id FOR NO KEY UPDATE),
  ins AS (
-     INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at,
-                                        attempt, position, kind)
-     SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at,
-            cp.attempt, cp.position, cp.kind
+     INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt)
+     SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt
        FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
      ON CONFLICT (run_id, step_key) DO NOTHING
      RETURNING run_id, step_key),
+ jr AS (
+     INSERT INTO durastep.step_journal (run_id, position, kind, step_key)
+     SELECT cp.run_id, cp.position, cp.kind, cp.step_key
+       FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
+     ON CONFLICT DO NOTHING),
  fin AS (
      UPDATE durastep.runs r
         SET state = 'completed', output = dn.output::jsonb, finished_at = durastep.now(),

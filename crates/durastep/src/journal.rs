@@ -4,9 +4,8 @@
 //! Every entry a handler asks for (a step, a step_tx, a sleep, a wait, a sent
 //! event, an invoke, a [`Ctx::changed`](crate::Ctx::changed) marker) gets the
 //! next position of the run (0, 1, 2 ...) when the handler calls it, and is
-//! recorded with its kind and step key: with its checkpoint (on the step's
-//! `step_results` row, or in `durastep.step_journal` for `step_tx`), or, for
-//! waits, invokes and markers, in `durastep.step_journal` when first asked. A
+//! recorded with its kind and step key in `durastep.step_journal` (with its
+//! checkpoint, or when it is first asked for waits, invokes and markers). A
 //! replay compares what the code asks at each position with what was
 //! recorded there; the first difference is a [`Divergence`].
 

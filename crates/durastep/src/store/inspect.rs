@@ -436,9 +436,7 @@ pub(crate) async fn unfinished_runs(
                 (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
                    FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
                 (SELECT jsonb_agg(jsonb_build_array(j.position, j.kind, j.step_key))
-                   FROM (SELECT j.position, j.kind, j.step_key FROM durastep.step_journal j WHERE j.run_id = r.id
-                         UNION ALL SELECT s.position, s.kind, s.step_key FROM durastep.step_results s
-                          WHERE s.run_id = r.id AND s.position IS NOT NULL) j) AS journal
+                   FROM durastep.step_journal j WHERE j.run_id = r.id) AS journal
            FROM (
                -- The page's ids first, one branch per partial index (a single
                -- `state IN (...)` over all five is a seq scan of the table).

@@ -97,13 +97,11 @@ pub(crate) async fn run_due_at(pool: &PgPool, run_id: Uuid) -> Result<Option<Dat
 #[cfg(feature = "testing")]
 pub(crate) async fn sent_events(pool: &PgPool, run_id: Uuid) -> Result<Vec<(String, String, Value)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT s.step_key, e.name, e.payload
-           FROM (SELECT j.position, j.step_key FROM durastep.step_journal j
-                  WHERE j.run_id = $1 AND j.kind = 'send_event'
-                 UNION ALL SELECT s.position, s.step_key FROM durastep.step_results s
-                  WHERE s.run_id = $1 AND s.kind = 'send_event') j
-           JOIN durastep.step_results s ON s.run_id = $1 AND s.step_key = j.step_key
+        "SELECT j.step_key, e.name, e.payload
+           FROM durastep.step_journal j
+           JOIN durastep.step_results s ON s.run_id = j.run_id AND s.step_key = j.step_key
            JOIN durastep.events e ON e.id::text = s.output->>'event_id'
+          WHERE j.run_id = $1 AND j.kind = 'send_event'
           ORDER BY j.position",
     )
     .bind(run_id)

@@ -151,9 +151,7 @@ claimed AS (
               (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
                  FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
               (SELECT jsonb_agg(jsonb_build_array(j.position, j.kind, j.step_key))
-                 FROM (SELECT j.position, j.kind, j.step_key FROM durastep.step_journal j WHERE j.run_id = r.id
-                       UNION ALL SELECT s.position, s.kind, s.step_key FROM durastep.step_results s
-                        WHERE s.run_id = r.id AND s.position IS NOT NULL) j) AS journal),
+                 FROM durastep.step_journal j WHERE j.run_id = r.id) AS journal),
 -- Refused runs parked until their next possible start.
 parked AS (
     UPDATE durastep.runs r SET state = 'queued', run_at = p.run_at, park_rule = p.rule, park_key = p.key

@@ -39,7 +39,5 @@ RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch,
           (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
              FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
           (SELECT jsonb_agg(jsonb_build_array(j.position, j.kind, j.step_key))
-             FROM (SELECT j.position, j.kind, j.step_key FROM durastep.step_journal j WHERE j.run_id = r.id
-                   UNION ALL SELECT s.position, s.kind, s.step_key FROM durastep.step_results s
-                    WHERE s.run_id = r.id AND s.position IS NOT NULL) j) AS journal,
+             FROM durastep.step_journal j WHERE j.run_id = r.id) AS journal,
           0::bigint AS moved
