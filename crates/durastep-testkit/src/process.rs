@@ -41,6 +41,8 @@ pub struct WorkerConfig {
     pub max_in_flight: usize,
     /// Runs claimed per round trip (`--claim-batch`).
     pub claim_batch: usize,
+    /// Runs claimed ahead of free slots (`--claim-ahead`; the engine's default, 16).
+    pub claim_ahead: usize,
     /// The engine's main pool (`--pool-size`); the engine adds 3 control connections.
     pub pool_size: u32,
     /// The ledger's own pool (`--ledger-pool-size`).
@@ -82,6 +84,7 @@ impl Default for WorkerConfig {
             reap: Duration::from_millis(200),
             max_in_flight: 16,
             claim_batch: 16,
+            claim_ahead: 16,
             pool_size: 4,
             ledger_pool_size: 2,
             ledger_synchronous_commit: false,
@@ -148,6 +151,7 @@ impl WorkerConfig {
             format!("--reap-ms={}", ms(self.reap)),
             format!("--max-in-flight={}", self.max_in_flight),
             format!("--claim-batch={}", self.claim_batch),
+            format!("--claim-ahead={}", self.claim_ahead),
             format!("--pool-size={}", self.pool_size),
             format!("--ledger-pool-size={}", self.ledger_pool_size),
             format!("--shutdown-grace-ms={}", ms(self.shutdown_grace)),

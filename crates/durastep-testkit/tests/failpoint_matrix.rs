@@ -199,6 +199,10 @@ fn worker_config(point: &str) -> WorkerConfig {
         reap: Duration::from_millis(10),
         max_in_flight: 1,
         claim_batch: 1,
+        // The model counts claims made for a free slot only: a claim ahead
+        // would fall while a step runs (an exit there re-runs that step, as
+        // any process death does, but off this table's model).
+        claim_ahead: 0,
         pool_size: 2,
         ledger_pool_size: 1,
         // A panic's backtrace costs a debug build ~100 ms; the message is enough.

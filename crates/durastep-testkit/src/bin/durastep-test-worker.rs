@@ -52,6 +52,9 @@ struct Args {
     /// Runs claimed per round trip.
     #[arg(long, env = "DURASTEP_TEST_CLAIM_BATCH", default_value_t = 16)]
     claim_batch: usize,
+    /// Runs claimed ahead of free slots.
+    #[arg(long, env = "DURASTEP_TEST_CLAIM_AHEAD", default_value_t = 16)]
+    claim_ahead: usize,
     /// Connections of the engine's main pool (it adds 3 control connections).
     #[arg(long, env = "DURASTEP_TEST_POOL_SIZE", default_value_t = 4)]
     pool_size: u32,
@@ -137,6 +140,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let options = WorkerOptions {
         max_in_flight: args.max_in_flight,
         claim_batch: args.claim_batch,
+        claim_ahead: args.claim_ahead,
         poll_interval: ms(args.poll_ms),
         lease: ms(args.lease_ms),
         heartbeat_interval: ms(args.heartbeat_ms),
