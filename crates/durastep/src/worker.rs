@@ -44,10 +44,12 @@ pub struct WorkerOptions {
     pub max_in_flight: usize,
     /// Runs claimed per round trip at most (default 32).
     pub claim_batch: usize,
-    /// Runs claimed ahead of free slots (default 16, at most `max_in_flight`):
-    /// claimed and leased, they wait in this worker and start the moment a
-    /// slot frees, without a claim round trip in between; the buffer is
-    /// refilled in one claim once half of it has started. Only runs of
+    /// Runs claimed ahead of free slots (default 16, at most `max_in_flight`,
+    /// and at most as many as this worker's slots freed in the last 100-200
+    /// ms): claimed and leased, they wait in this worker and start the moment
+    /// a slot frees, without a claim round trip in between; the buffer is
+    /// refilled in one claim once half of it has started, and a run that
+    /// waited a second without a slot is given back. Only runs of
     /// functions without claim-time flow rules or timeouts are claimed ahead
     /// beyond one run; a run of a flow-limited function waits for at most
     /// one slot to free, ahead of the buffered runs. 0 claims only for free slots.
@@ -192,7 +194,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         // Claim rounds in flight (at most two: a second one only while the
         // queue gave full batches), and the runs they may bring.
         let mut claims: tokio::task::JoinSet<ClaimDone> = tokio::task::JoinSet::new();
-        let mut pending = 0usize;
+        // Runs each claim in flight may bring (`Want::fast`), by task.
         let mut asked: HashMap<tokio::task::Id, usize> = HashMap::new();
         let mut last_full = false;
         // No claim before this: the queue had nothing due (until a wake-up,
@@ -239,18 +241,19 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             if hold_until.is_some_and(|t| t <= tokio::time::Instant::now()) {
                 hold_until = None;
             }
-            // Claim ahead only what the slots freed in the last window would
-            // take: a worker whose handlers are all stuck claims nothing ahead.
+            // Claim ahead only what the slots freed lately would take (in the
+            // last full window or the current one): a worker whose handlers
+            // are all stuck claims nothing ahead.
+            let frees = slot_freed.frees.load(Ordering::Relaxed);
             if window_start.elapsed() >= TURNOVER_WINDOW {
-                let frees = slot_freed.frees.load(Ordering::Relaxed);
                 recent_frees = frees - window_frees;
                 (window_frees, window_start) = (frees, Instant::now());
             }
-            let ahead = ahead.min(recent_frees);
+            let ahead = ahead.min(recent_frees.max(frees - window_frees));
             // Free slots, and the runs that will fill them without a slot of
             // their own: those waiting and those the claims in flight may bring.
             let idle = slots.available_permits();
-            let covered = ready.len() + pending;
+            let covered = ready.len() + asked.values().sum::<usize>();
             let room = (idle + ahead).saturating_sub(covered);
             let starved = idle > covered || (ahead > 0 && room >= ahead.div_ceil(2));
             let may_claim = claims.is_empty() || (claims.len() < 2 && last_full);
@@ -259,7 +262,6 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     fast: room.min(batch),
                     full: idle.saturating_sub(covered).max(1).min(room.min(batch)),
                 };
-                pending += want.fast;
                 fast_first = !fast_first;
                 let (engine, classes) = (engine.clone(), classes.clone());
                 let task = claims.spawn(async move {
@@ -279,7 +281,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                         Ok((id, _)) => *id,
                         Err(e) => e.id(),
                     };
-                    pending -= asked.remove(&id).unwrap_or(0);
+                    asked.remove(&id);
                     // claim_round catches its own panics: a claim task cannot fail.
                     let Ok((_, done)) = done else { continue };
                     match done.result {
@@ -427,7 +429,7 @@ async fn claim_round(
         let order = if fast_first { [true, false] } else { [false, true] };
         let (mut runs, mut moved) = (Vec::new(), 0);
         for fast in order {
-            let cap = if fast { want.fast } else { want.full.min(want.fast) };
+            let cap = if fast { want.fast } else { want.full };
             let left = cap.saturating_sub(runs.len());
             let functions = if fast { &classes.fast } else { &classes.full };
             if left == 0 || functions.ids.is_empty() {
@@ -493,7 +495,7 @@ where
 
 /// How many runs one claim round may take: in all (`fast`: the free slots
 /// plus the room left for runs claimed ahead), and of functions with
-/// claim-time flow rules (`full`: the free slots, or one).
+/// claim-time flow rules (`full`: the free slots, or one; never more than `fast`).
 #[derive(Debug, Clone, Copy)]
 struct Want {
     fast: usize,

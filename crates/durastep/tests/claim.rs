@@ -102,7 +102,7 @@ fn ahead_function(
 
 /// Catches: a worker that claims ahead while none of its slots frees (a
 /// worker whose handlers are all stuck would hoard runs that another worker
-/// could start; `claim_ahead` is bounded by the slots freed in the last 100 ms).
+/// could start; `claim_ahead` is bounded by the slots freed in the last 100-200 ms).
 #[sqlx::test(migrations = false)]
 async fn a_worker_whose_slots_are_all_stuck_claims_nothing_ahead(_p: PgPoolOptions, opts: PgConnectOptions) {
     common::init_logs();
