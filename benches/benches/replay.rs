@@ -10,14 +10,14 @@
 //! stored steps; the difference of the two wake-to-handler times is the cost of
 //! loading 1,000 steps in the claim. The load query is also timed alone.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use durastep::{Ctx, Engine, Event, Function};
 use durastep_benches::db::BenchDb;
 use durastep_benches::report::{Table, ms, percentile, result, thousands, verdict};
 use serde_json::Value;
-use sqlx::PgPool;
+use sqlx::{PgPool, Row};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -90,6 +90,49 @@ async fn rounds(
     (resume, replay)
 }
 
+/// The claim's steps and journal expressions, journal as three arrays.
+const JOURNAL_ARRAYS: &str = "SELECT (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
+                FROM durastep.step_results s WHERE s.run_id = $1) AS steps,
+        ARRAY(SELECT j.position FROM durastep.step_journal j WHERE j.run_id = $1 ORDER BY j.position) AS p,
+        ARRAY(SELECT j.kind FROM durastep.step_journal j WHERE j.run_id = $1 ORDER BY j.position) AS k,
+        ARRAY(SELECT j.step_key FROM durastep.step_journal j WHERE j.run_id = $1 ORDER BY j.position) AS s";
+/// The same with the journal as one jsonb array.
+const JOURNAL_JSONB: &str = "SELECT (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
+                FROM durastep.step_results s WHERE s.run_id = $1) AS steps,
+        (SELECT jsonb_agg(jsonb_build_array(j.position, j.kind, j.step_key))
+           FROM durastep.step_journal j WHERE j.run_id = $1) AS journal";
+
+/// Times `ROUNDS` loads of one run's steps and journal with `sql`, decoded into
+/// a map of steps and a map of journal entries.
+async fn load_encoded(pool: &PgPool, run: Uuid, sql: &'static str) -> Vec<Duration> {
+    let mut out = vec![];
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        let row = sqlx::query(sql).bind(run).fetch_one(pool).await.expect("load");
+        let steps: HashMap<String, Value> = match row.get::<Value, _>(0) {
+            Value::Object(m) => m.into_iter().collect(),
+            _ => HashMap::new(),
+        };
+        let journal: BTreeMap<i32, (String, String)> = if sql == JOURNAL_ARRAYS {
+            let (p, k, s): (Vec<i32>, Vec<String>, Vec<String>) = (row.get(1), row.get(2), row.get(3));
+            p.into_iter().zip(k.into_iter().zip(s)).collect()
+        } else {
+            let v: Value = row.get(1);
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    let s = |i: usize| e[i].as_str().unwrap_or_default().to_owned();
+                    (e[0].as_i64().unwrap_or_default() as i32, (s(1), s(2)))
+                })
+                .collect()
+        };
+        assert_eq!((steps.len(), journal.len()), (STEPS + 1, STEPS + 1));
+        out.push(t.elapsed());
+    }
+    out
+}
+
 #[tokio::main]
 async fn main() {
     let db = BenchDb::create("replay").await;
@@ -121,30 +164,41 @@ async fn main() {
     let (resume_big, replay_big) = rounds(&pool, big, &mut rx_big).await;
     let (resume_empty, _) = rounds(&pool, empty, &mut rx_empty).await;
 
-    // The load half of the claim statement alone, decoded as the worker decodes it.
+    // The raw yardstick: the same 1,000 rows read by plain sqlx, one row each, into a map.
     let mut load = vec![];
     for _ in 0..ROUNDS {
         let t = Instant::now();
-        let steps: Value = sqlx::query_scalar(
-            "SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
-               FROM durastep.step_results s WHERE s.run_id = $1",
-        )
-        .bind(big)
-        .fetch_one(&pool)
-        .await
-        .expect("load steps");
-        let map: HashMap<String, Value> = match steps {
-            Value::Object(m) => m.into_iter().collect(),
-            _ => HashMap::new(),
-        };
+        let rows: Vec<(String, Value)> =
+            sqlx::query_as("SELECT s.step_key, s.output FROM durastep.step_results s WHERE s.run_id = $1")
+                .bind(big)
+                .fetch_all(&pool)
+                .await
+                .expect("load steps");
+        let map: HashMap<String, Value> = rows.into_iter().collect();
         assert_eq!(map.len(), STEPS + 1);
         load.push(t.elapsed());
     }
+
+    // How the claim encodes a run's steps and journal, alone: the journal as three
+    // arrays (today) against a jsonb array of [position, kind, key] (until 2026-12).
+    let arrays = load_encoded(&pool, big, JOURNAL_ARRAYS).await;
+    let jsonb = load_encoded(&pool, big, JOURNAL_JSONB).await;
 
     shutdown.cancel();
     worker.await.expect("worker task").expect("worker");
 
     let med = |xs: &[Duration]| percentile(xs, 50.0);
+    let mut enc = Table::new(
+        "The claim's load expressions alone (steps as one jsonb object; the journal as below), with decode",
+        &["journal encoding", "median", "p99"],
+    );
+    enc.row(vec![
+        "three arrays (position, kind, key): the claim's".into(),
+        ms(med(&arrays)),
+        ms(percentile(&arrays, 99.0)),
+    ]);
+    enc.row(vec!["one jsonb array of [position, kind, key]".into(), ms(med(&jsonb)), ms(percentile(&jsonb, 99.0))]);
+    enc.print();
     let load_delta = med(&resume_big).saturating_sub(med(&resume_empty));
     let replay_total = load_delta + med(&replay_big);
     let mut t = Table::new(
@@ -165,10 +219,10 @@ async fn main() {
     ]);
     t.row(vec!["time to load 1,000 steps via the claim (difference)".into(), ms(load_delta), "".into(), "".into()]);
     t.row(vec![
-        "load query alone + decode (raw sqlx)".into(),
+        "raw: the rows alone + decode (plain sqlx)".into(),
         ms(med(&load)),
         ms(percentile(&load, 99.0)),
-        "jsonb_object_agg of 1,001 rows into a HashMap".into(),
+        "SELECT key, output: 1,001 rows into a HashMap".into(),
     ]);
     t.row(vec![
         "1,000 memoized ctx.step calls".into(),

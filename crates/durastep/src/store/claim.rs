@@ -168,7 +168,7 @@ fn claimed_runs(rows: Vec<sqlx::postgres::PgRow>) -> Result<(Vec<ClaimedRun>, i6
             fence: Fence { run_id: id, epoch: row.try_get("lease_epoch")? },
             payload: row.try_get("payload")?,
             steps,
-            journal: journal_of(row.try_get("journal")?),
+            journal: journal_of(&row)?,
             parent: row
                 .try_get::<Option<Uuid>, _>("parent_run_id")?
                 .zip(row.try_get::<Option<String>, _>("parent_step_key")?),

@@ -435,8 +435,12 @@ pub(crate) async fn unfinished_runs(
         "SELECT r.id, r.function_id, r.version, r.event_id, r.attempt, e.payload,
                 (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
                    FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
-                (SELECT jsonb_agg(jsonb_build_array(j.position, j.kind, j.step_key))
-                   FROM durastep.step_journal j WHERE j.run_id = r.id) AS journal
+                ARRAY(SELECT j.position FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position)
+                  AS journal_positions,
+                ARRAY(SELECT j.kind FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position)
+                  AS journal_kinds,
+                ARRAY(SELECT j.step_key FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position)
+                  AS journal_keys
            FROM (
                -- The page's ids first, one branch per partial index (a single
                -- `state IN (...)` over all five is a seq scan of the table).
@@ -471,7 +475,7 @@ pub(crate) async fn unfinished_runs(
                 Value::Object(map) => map.into_iter().collect(),
                 _ => HashMap::new(),
             },
-            journal: journal_of(row.try_get("journal")?),
+            journal: journal_of(&row)?,
         });
     }
     Ok(out)

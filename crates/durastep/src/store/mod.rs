@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::{PgConnection, PgPool};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use crate::journal::{EntryKind, JournalEntry};
@@ -109,23 +110,19 @@ pub(crate) async fn load_step(conn: &mut PgConnection, run_id: Uuid, key: &str) 
         .await
 }
 
-/// Reads a journal aggregated as `[[position, kind, key], ...]` (NULL: none).
-pub(crate) fn journal_of(v: Option<Value>) -> BTreeMap<u32, JournalEntry> {
-    let mut out = BTreeMap::new();
-    let Some(Value::Array(rows)) = v else { return out };
-    for row in rows {
-        let (Some(p), Some(k), Some(key)) = (
-            row.get(0).and_then(Value::as_u64),
-            row.get(1).and_then(Value::as_str),
-            row.get(2).and_then(Value::as_str),
-        ) else {
-            continue;
-        };
-        if let (Ok(p), Ok(kind)) = (u32::try_from(p), k.parse::<EntryKind>()) {
-            out.insert(p, JournalEntry::new(kind, key));
-        }
+/// A run's journal (position -> entry) from the arrays `journal_positions`,
+/// `journal_kinds` and `journal_keys` of a claim or replay row.
+pub(crate) fn journal_of(row: &PgRow) -> Result<BTreeMap<u32, JournalEntry>, sqlx::Error> {
+    let positions: Vec<i32> = row.try_get("journal_positions")?;
+    let kinds: Vec<String> = row.try_get("journal_kinds")?;
+    let keys: Vec<String> = row.try_get("journal_keys")?;
+    let mut journal = BTreeMap::new();
+    for ((position, kind), key) in positions.into_iter().zip(kinds).zip(keys) {
+        let position = u32::try_from(position).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        let kind = kind.parse::<EntryKind>().map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+        journal.insert(position, JournalEntry::new(kind, key));
     }
-    out
+    Ok(journal)
 }
 
 async fn insert_entry(
