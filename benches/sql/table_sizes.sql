@@ -98,11 +98,12 @@ RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch,
           r.parent_run_id, r.parent_step_key, (SELECT now FROM t) AS db_now,
           (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
              FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
-          (SELECT jsonb_agg(jsonb_build_array(j.position, j.kind, j.step_key))
-             FROM durastep.step_journal j WHERE j.run_id = r.id) AS journal,
+          ARRAY(SELECT j.position FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_positions,
+          ARRAY(SELECT j.kind FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_kinds,
+          ARRAY(SELECT j.step_key FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_keys,
           0::bigint AS moved
 $q$);
--- crates/durastep/src/store.rs: flush_sql!("FOR NO KEY UPDATE", fin_complete!())
+-- crates/durastep/src/store/attempt.rs: flush_sql!("FOR NO KEY UPDATE", fin_complete!())
 INSERT INTO sizes.stmt VALUES ('flush', $q$
 WITH cp AS (
      SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[],
