@@ -75,31 +75,6 @@ async fn fast_claim_leaves_a_run_past_its_start_deadline_to_maintenance(_p: PgPo
     assert_eq!(bodies.load(Ordering::SeqCst), 0, "no body ran");
 }
 
-/// A handler by input: `"quick"` returns at once, `"block"` waits for the
-/// round's gate, `"x"` counts its start and returns.
-fn ahead_function(
-    gates: Arc<Vec<common::Gate>>,
-    reached: Arc<Vec<common::Gate>>,
-    x_starts: Arc<AtomicU32>,
-) -> Function {
-    Function::new("ahead").on_event("ahead/go").handler(move |_ctx: Ctx, input: (String, usize)| {
-        let (gates, reached, x_starts) = (gates.clone(), reached.clone(), x_starts.clone());
-        async move {
-            match input.0.as_str() {
-                "block" => {
-                    reached[input.1].open();
-                    gates[input.1].wait().await;
-                }
-                "x" => {
-                    x_starts.fetch_add(1, Ordering::SeqCst);
-                }
-                _ => {}
-            }
-            Ok(())
-        }
-    })
-}
-
 /// Catches: a worker that claims ahead while none of its slots frees (a
 /// worker whose handlers are all stuck would hoard runs that another worker
 /// could start; `claim_ahead` is bounded by the slots freed in the last 100-200 ms).
@@ -109,9 +84,12 @@ async fn a_worker_whose_slots_are_all_stuck_claims_nothing_ahead(_p: PgPoolOptio
     let (gates, reached) = (Arc::new(vec![common::Gate::new()]), Arc::new(vec![common::Gate::new()]));
     let x_starts = Arc::new(AtomicU32::new(0));
     let worker = durastep::WorkerOptions { max_in_flight: 1, claim_ahead: 4, ..common::fast_options() };
-    let engine =
-        common::engine_with(&opts, vec![ahead_function(gates.clone(), reached.clone(), x_starts.clone())], worker)
-            .await;
+    let engine = common::engine_with(
+        &opts,
+        vec![common::ahead::ahead_function(gates.clone(), reached.clone(), x_starts.clone())],
+        worker,
+    )
+    .await;
     let w = common::spawn_worker(&engine);
     let blocked = engine.send(Event::new("ahead/go", &("block", 0))).await.unwrap().run_ids[0];
     reached[0].reached("the blocking run to start").await;
@@ -130,58 +108,24 @@ async fn a_worker_whose_slots_are_all_stuck_claims_nothing_ahead(_p: PgPoolOptio
 /// Catches: a run claimed ahead that is kept while no slot frees (it must be
 /// given back within about a second, without counting an attempt and without
 /// running user code, so that another worker starts it).
-///
-/// Worker A (one slot, one run ahead) drains quick runs, so its slots turn
-/// over, then meets a run that blocks its only slot; the next run is then
-/// claimed ahead and must come back. Whether A claims it ahead depends on the
-/// turnover A saw just before; the scenario runs up to three rounds until it
-/// does, and fails if it never does (claiming ahead would not work at all).
 #[sqlx::test(migrations = false)]
 async fn a_run_claimed_ahead_is_given_back_when_no_slot_frees(_p: PgPoolOptions, opts: PgConnectOptions) {
     common::init_logs();
-    const ROUNDS: usize = 3;
-    let gates: Arc<Vec<common::Gate>> = Arc::new((0..ROUNDS).map(|_| common::Gate::new()).collect());
-    let reached: Arc<Vec<common::Gate>> = Arc::new((0..ROUNDS).map(|_| common::Gate::new()).collect());
-    let x_starts = Arc::new(AtomicU32::new(0));
-    let make = || ahead_function(gates.clone(), reached.clone(), x_starts.clone());
-    let worker = durastep::WorkerOptions { max_in_flight: 1, claim_ahead: 1, claim_batch: 2, ..common::fast_options() };
-    let engine = common::engine_with(&opts, vec![make()], worker).await;
+    let ahead = common::ahead::Ahead::new();
+    let engine = ahead.engine(&opts).await;
     let w = common::spawn_worker(&engine);
-    let mut seen_ahead = None;
-    for round in 0..ROUNDS {
-        engine.send_batch((0..100).map(|_| Event::new("ahead/go", &("quick", round))).collect()).await.unwrap();
-        let blocked = engine.send(Event::new("ahead/go", &("block", round))).await.unwrap().run_ids[0];
-        let x = engine.send(Event::new("ahead/go", &("x", round))).await.unwrap().run_ids[0];
-        reached[round].reached("the blocking run to start").await;
-        // Claimed ahead: running, held by A, while A's only slot is blocked.
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(600);
-        let mut ahead = false;
-        while tokio::time::Instant::now() < deadline {
-            if engine.run(x).await.unwrap().state == RunState::Running {
-                ahead = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        if ahead {
-            seen_ahead = Some((round, blocked, x));
-            break;
-        }
-        gates[round].open();
-        common::finished(&engine, x).await;
-    }
-    let (round, blocked, x) = seen_ahead.expect("in three rounds, the worker never claimed a run ahead");
+    let (round, blocked, x) = ahead.claimed_ahead(&engine).await;
     // Given back: queued again, the same attempt, no user code run.
     let back = common::wait_for_run_where(&engine, x, "given back", |r| r.state == RunState::Queued).await;
     assert_eq!(back.attempt, 1, "{back:?}");
-    assert_eq!(x_starts.load(Ordering::SeqCst), round as u32, "the run claimed ahead ran user code");
+    assert_eq!(ahead.x_starts.load(Ordering::SeqCst), round as u32, "the run claimed ahead ran user code");
     // Another worker starts it while A's slot is still blocked.
-    let other = common::engine(&opts, vec![make()]).await;
+    let other = common::engine(&opts, vec![ahead.function()]).await;
     let wb = common::spawn_worker(&other);
     assert_eq!(common::finished(&engine, x).await.state, RunState::Completed);
-    assert!(!gates[round].is_open());
+    assert!(!ahead.gates[round].is_open());
     assert_eq!(engine.run(blocked).await.unwrap().state, RunState::Running);
-    gates[round].open();
+    ahead.gates[round].open();
     assert_eq!(common::finished(&engine, blocked).await.state, RunState::Completed);
     w.stop().await;
     wb.stop().await;

@@ -3,6 +3,8 @@
 //! hold a handler at a chosen point, and waits on conditions with deadlines.
 #![allow(dead_code)]
 
+pub mod ahead;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
