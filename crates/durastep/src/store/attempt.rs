@@ -55,20 +55,32 @@ pub(crate) enum WriteOutcome {
 /// the completions (the `fin` CTE: `fin_complete!`, or `fin_none!` for a batch
 /// of checkpoints only, which then updates no run row and so fires none of the
 /// statement triggers on `runs`).
+///
+/// The parameters are read through the CTE `p`, never directly: a custom plan
+/// would see the arrays' lengths, estimate fewer rows than the generic plan and
+/// so always look cheaper, and Postgres would plan every flush again (1.3 ms
+/// per flush here against 0.3 ms to execute it; `benches/sql/flush_plan.sh`,
+/// docs/performance.md "Plans"). Through `p` both plans estimate alike, and
+/// the generic one is kept after the first five executions.
 macro_rules! flush_sql {
     ($lock:literal, $($fin:tt)+) => {
         concat!(
-            "WITH cp AS (
-             SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[],
-                                  $8::timestamptz[], $9::timestamptz[], $10::int[], $11::int[], $12::text[])
+            "WITH p AS MATERIALIZED (
+             SELECT $1::uuid[] AS cp_run, $2::bigint[] AS cp_epoch, $3::text[] AS cp_key, $4::text[] AS cp_output,
+                    $5::uuid[] AS dn_run, $6::bigint[] AS dn_epoch, $7::text[] AS dn_output,
+                    $8::timestamptz[] AS cp_started, $9::timestamptz[] AS cp_finished, $10::int[] AS cp_attempt,
+                    $11::int[] AS cp_position, $12::text[] AS cp_kind),
+         cp AS (
+             SELECT t.* FROM p, unnest(p.cp_run, p.cp_epoch, p.cp_key, p.cp_output, p.cp_started, p.cp_finished,
+                                       p.cp_attempt, p.cp_position, p.cp_kind)
                  WITH ORDINALITY AS t(run_id, epoch, step_key, output, started_at, finished_at, attempt,
                                       position, kind, ord)),
          dn AS (
-             SELECT * FROM unnest($5::uuid[], $6::bigint[], $7::text[])
+             SELECT t.* FROM p, unnest(p.dn_run, p.dn_epoch, p.dn_output)
                  WITH ORDINALITY AS t(run_id, epoch, output, ord)),
          l AS (
              SELECT r.id, r.lease_epoch FROM durastep.runs r
-              WHERE r.id = ANY ($1::uuid[] || $5::uuid[]) AND r.state = 'running'
+              WHERE r.id = ANY ((SELECT p.cp_run || p.dn_run FROM p)::uuid[]) AND r.state = 'running'
               ORDER BY r.id ",
             $lock,
             "),
