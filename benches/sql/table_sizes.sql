@@ -103,7 +103,8 @@ RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch,
           ARRAY(SELECT j.step_key FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_keys,
           0::bigint AS moved
 $q$);
--- crates/durastep/src/store/attempt.rs: flush_sql!("FOR NO KEY UPDATE", fin_complete!())
+-- crates/durastep/src/store/attempt.rs: flush_sql!("FOR NO KEY UPDATE", fin_complete!()), in its text
+-- before 2026-12-02 (it read its arrays directly; the rows it writes are the same)
 INSERT INTO sizes.stmt VALUES ('flush', $q$
 WITH cp AS (
      SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[],
