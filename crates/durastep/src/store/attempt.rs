@@ -59,7 +59,7 @@ pub(crate) enum WriteOutcome {
 /// The parameters are read through the CTE `p`, never directly: a custom plan
 /// would see the arrays' lengths, estimate fewer rows than the generic plan and
 /// so always look cheaper, and Postgres would plan every flush again (1.3 ms
-/// per flush here against 0.3 ms to execute it; `benches/sql/flush_plan.sh`,
+/// per flush here against 0.3 ms to execute it; `benches/sql/plans.sh`,
 /// docs/performance.md "Plans"). Through `p` both plans estimate alike, and
 /// the generic one is kept after the first five executions.
 macro_rules! flush_sql {

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Do the hot statements keep a generic plan? Prepares three of them with psql,
+# in a database with the migrations and no runs: the group-commit flush (its
+# `flush_sql!` text with checkpoints only and FOR NO KEY UPDATE SKIP LOCKED, as
+# the store builds it from crates/durastep/src/store/attempt.rs, one
+# checkpoint of a run that is not running, so it stores nothing), the fast
+# claim (store/sql/claim_fast.sql) and the full claim (store/sql/claim.sql),
+# both claiming for a function with no runs. Each is executed 12 times under
+# the server's plan_cache_mode (auto), then 12 times with force_generic_plan,
+# printing each execution's time. Postgres plans the first five executions
+# for their values (custom plans); if the later ones under auto are not as
+# fast as under force_generic_plan, it kept planning every execution (as the
+# flush did before 2026-12-02, when it read its arrays directly: a custom plan
+# saw one row where the generic plan assumed ten, so it always looked
+# cheaper). From the repository root:
+#
+#   bash benches/sql/plans.sh
+#
+# Needs a local Postgres (PGHOST/PGUSER as for psql; default 127.0.0.1 and
+# postgres), python3 (to cut the flush out of the Rust source). Creates and
+# drops the database durastep_plans.
+set -euo pipefail
+export PGHOST="${PGHOST:-127.0.0.1}" PGUSER="${PGUSER:-postgres}"
+db=durastep_plans
+psql -qc "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" 2>/dev/null
+trap 'psql -qc "DROP DATABASE IF EXISTS $db"' EXIT
+for f in migrations/*.sql; do psql -d "$db" -v ON_ERROR_STOP=1 -q -f "$f" >/dev/null; done
+script=$(mktemp)
+python3 - "$script" <<'PY'
+import re, sys
+src = open("crates/durastep/src/store/attempt.rs").read()
+body = re.search(r"macro_rules! flush_sql \{.*?concat!\(\s*(.*?)\n\s*\)\n\s*\};", src, re.S).group(1)
+lit = re.findall(r'"((?:[^"\\]|\\.)*)"', body)
+fin = re.search(r'macro_rules! fin_none \{.*?"(.*?)"', src, re.S).group(1)
+flush = lit[0] + "FOR NO KEY UPDATE SKIP LOCKED" + lit[1] + fin + lit[2]
+statements = [
+    ("flush", flush,
+     "uuid[], bigint[], text[], text[], uuid[], bigint[], text[], timestamptz[], timestamptz[], int[], int[], text[]",
+     "ARRAY[gen_random_uuid()], ARRAY[1::bigint], ARRAY['k'], ARRAY['1'], '{}', '{}', '{}', "
+     "ARRAY[now()], ARRAY[now()], ARRAY[1], ARRAY[0], ARRAY['step']"),
+    ("claim_fast", open("crates/durastep/src/store/sql/claim_fast.sql").read(),
+     "text[], int8, float8, uuid, text[], int[]",
+     "ARRAY['f'], 32, 30, gen_random_uuid(), ARRAY['f'], ARRAY[0]"),
+    ("claim", open("crates/durastep/src/store/sql/claim.sql").read(),
+     "text[], int8, float8, uuid, float8, text[], int[]",
+     "ARRAY['f'], 32, 30, gen_random_uuid(), 1.0, ARRAY['f'], ARRAY[0]"),
+]
+out = []
+for name, sql, types, args in statements:
+    out += ["\\timing off", f"PREPARE {name}({types}) AS {sql};"]
+    for mode in ["auto", "force_generic_plan"]:
+        out += ["\\timing off", f"SET plan_cache_mode = {mode};", f"\\echo {name} plan_cache_mode {mode}", "\\timing on"]
+        out += [f"EXECUTE {name}({args});"] * 12
+open(sys.argv[1], "w").write("\n".join(out) + "\n")
+PY
+psql -d "$db" -q -f "$script" | grep -E 'plan_cache_mode|^Time' | sed 's/^Time: //' | paste -sd ' ' | sed 's/ \([a-z_]* plan_cache_mode\)/\n\1/g'
+rm "$script"
