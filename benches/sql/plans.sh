@@ -4,8 +4,9 @@
 # `flush_sql!` text with checkpoints only and FOR NO KEY UPDATE SKIP LOCKED, as
 # the store builds it from crates/durastep/src/store/attempt.rs, one
 # checkpoint of a run that is not running, so it stores nothing), the fast
-# claim (store/sql/claim_fast.sql) and the full claim (store/sql/claim.sql),
-# both claiming for a function with no runs. Each is executed 12 times under
+# claim (store/sql/claim_fast.sql), `next_due_in` (an idle worker's "when is
+# the next run due", in store/claim.rs) and the full claim
+# (store/sql/claim.sql), all for a function with no runs. Each is executed 12 times under
 # the server's plan_cache_mode (auto), then 12 times with force_generic_plan,
 # printing each execution's time. Postgres plans the first five executions
 # for their values (custom plans); if the later ones under auto are not as
@@ -41,6 +42,8 @@ statements = [
     ("claim_fast", open("crates/durastep/src/store/sql/claim_fast.sql").read(),
      "text[], int8, float8, uuid, text[], int[]",
      "ARRAY['f'], 32, 30, gen_random_uuid(), ARRAY['f'], ARRAY[0]"),
+    ("next_due_in", re.search(r'fn next_due_in.*?query_scalar\(\s*"(.*?)",', open("crates/durastep/src/store/claim.rs").read(), re.S).group(1),
+     "text[], text[], int[]", "ARRAY['f'], ARRAY['f'], ARRAY[0]"),
     ("claim", open("crates/durastep/src/store/sql/claim.sql").read(),
      "text[], int8, float8, uuid, float8, text[], int[]",
      "ARRAY['f'], 32, 30, gen_random_uuid(), 1.0, ARRAY['f'], ARRAY[0]"),
