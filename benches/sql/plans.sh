@@ -6,7 +6,9 @@
 # checkpoint of a run that is not running, so it stores nothing), the fast
 # claim (store/sql/claim_fast.sql), `next_due_in` (an idle worker's "when is
 # the next run due", in store/claim.rs) and the full claim
-# (store/sql/claim.sql), all for a function with no runs. Each is executed 12 times under
+# (store/sql/claim.sql), all for a function with no runs, and a one-event
+# send (`durastep.send_events`, whose statements run inside PL/pgSQL under
+# the same plan cache rules). Each is executed 12 times under
 # the server's plan_cache_mode (auto), then 12 times with force_generic_plan,
 # printing each execution's time. Postgres plans the first five executions
 # for their values (custom plans); if the later ones under auto are not as
@@ -26,6 +28,8 @@ db=durastep_plans
 psql -qc "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" 2>/dev/null
 trap 'psql -qc "DROP DATABASE IF EXISTS $db"' EXIT
 for f in migrations/*.sql; do psql -d "$db" -v ON_ERROR_STOP=1 -q -f "$f" >/dev/null; done
+# A function for the sends to fan out to (its runs are never claimed).
+psql -d "$db" -qc "INSERT INTO durastep.functions (id, triggers, max_attempts) VALUES ('f', ARRAY['go'], 3)"
 script=$(mktemp)
 python3 - "$script" <<'PY'
 import re, sys
@@ -44,6 +48,9 @@ statements = [
      "ARRAY['f'], 32, 30, gen_random_uuid(), ARRAY['f'], ARRAY[0]"),
     ("next_due_in", re.search(r'fn next_due_in.*?query_scalar\(\s*"(.*?)",', open("crates/durastep/src/store/claim.rs").read(), re.S).group(1),
      "text[], text[], int[]", "ARRAY['f'], ARRAY['f'], ARRAY[0]"),
+    ("send_events", "SELECT count(*) FROM durastep.send_events($1, $2, $3, $4, $5, $6)",
+     "uuid[], text[], text[], text[], timestamptz[], int[]",
+     "ARRAY[gen_random_uuid()], ARRAY['go'], ARRAY['{}'], ARRAY[NULL::text], ARRAY[NULL::timestamptz], ARRAY[0]"),
     ("claim", open("crates/durastep/src/store/sql/claim.sql").read(),
      "text[], int8, float8, uuid, float8, text[], int[]",
      "ARRAY['f'], 32, 30, gen_random_uuid(), 1.0, ARRAY['f'], ARRAY[0]"),
