@@ -155,11 +155,23 @@ async fn flush_chunk(pool: &PgPool, writes: Vec<PendingWrite>, replies: Vec<Repl
             }
             if !busy.is_empty() {
                 tracing::debug!(writes = busy.len(), "run rows locked by another transaction; flushing them apart");
-                tokio::spawn(flush_apart(pool.clone(), busy, retry_for));
+                let apart = flush_apart(pool.clone(), busy, retry_for);
+                // With the after-commit failpoint armed, the writes skipped as
+                // locked are stored before it is evaluated, so that "after the
+                // commit" holds for every write of the chunk: an exit there then
+                // leaves none of them unstored (the fault suite's model).
+                #[cfg(feature = "failpoints")]
+                if crate::failpoints::armed("checkpoint-after-commit") {
+                    apart.await;
+                } else {
+                    tokio::spawn(apart);
+                }
+                #[cfg(not(feature = "failpoints"))]
+                tokio::spawn(apart);
             }
             // The commit landed but the worker is told it failed (the ambiguous
             // case), for the writes this flush stored; those it skipped as
-            // locked are already on their way apart, so a panic here cannot
+            // locked are stored or on their way apart, so a panic here cannot
             // drop them unstored. The error is retried as a failed commit is:
             // the writes are flushed again and adopt what landed.
             #[cfg(feature = "failpoints")]

@@ -175,6 +175,11 @@ pub fn hits(name: &str) -> u64 {
     reg.get(name).map_or(0, |p| p.hits.load(Ordering::SeqCst))
 }
 
+/// Whether a failpoint is set (to any action).
+pub(crate) fn armed(name: &str) -> bool {
+    registry().lock().unwrap_or_else(|p| p.into_inner()).contains_key(name)
+}
+
 /// Evaluates a failpoint: exits, panics, pauses or blocks as configured;
 /// returns true when the caller must fail with an error.
 pub async fn eval(name: &str) -> bool {
