@@ -37,7 +37,8 @@ src = open("crates/durastep/src/store/attempt.rs").read()
 body = re.search(r"macro_rules! flush_sql \{.*?concat!\(\s*(.*?)\n\s*\)\n\s*\};", src, re.S).group(1)
 lit = re.findall(r'"((?:[^"\\]|\\.)*)"', body)
 fin = re.search(r'macro_rules! fin_none \{.*?"(.*?)"', src, re.S).group(1)
-flush = lit[0] + "FOR NO KEY UPDATE SKIP LOCKED" + lit[1] + fin + lit[2]
+fin_history = re.search(r'macro_rules! fin_none_history \{.*?"(.*?)"', src, re.S).group(1)
+flush = lit[0] + "FOR NO KEY UPDATE SKIP LOCKED" + lit[1] + fin + lit[2] + fin_history + lit[3]
 statements = [
     ("flush", flush,
      "uuid[], bigint[], text[], text[], uuid[], bigint[], text[], timestamptz[], timestamptz[], int[], int[], text[]",

@@ -63,7 +63,7 @@ pub(crate) enum WriteOutcome {
 /// docs/performance.md "Plans"). Through `p` both plans estimate alike, and
 /// the generic one is kept after the first five executions.
 macro_rules! flush_sql {
-    ($lock:literal, $($fin:tt)+) => {
+    ($lock:literal, $fin:ident, $fin_history:ident) => {
         concat!(
             "WITH p AS MATERIALIZED (
              SELECT $1::uuid[] AS cp_run, $2::bigint[] AS cp_epoch, $3::text[] AS cp_key, $4::text[] AS cp_output,
@@ -96,7 +96,10 @@ macro_rules! flush_sql {
                FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
              ON CONFLICT DO NOTHING),
          fin AS (",
-            $($fin)+,
+            $fin!(),
+            "),
+         fin_history AS (",
+            $fin_history!(),
             ")
          SELECT 0, cp.ord, (l.id IS NOT NULL), (ins.run_id IS NOT NULL),
                 (l.id IS NULL AND EXISTS (SELECT 1 FROM durastep.runs b
@@ -114,21 +117,39 @@ macro_rules! flush_sql {
     };
 }
 
-/// The `fin` CTE of `flush_sql!` that completes runs (fenced by `l`).
+/// The `fin` CTE of `flush_sql!` that completes runs (fenced by `l`). It
+/// flips `history_noted`: `fin_history` writes their history rows, so the
+/// `runs_history` trigger stays quiet for them (migration 0020).
 macro_rules! fin_complete {
     () => {
         "UPDATE durastep.runs r
                 SET state = 'completed', output = dn.output::jsonb, finished_at = durastep.now(),
-                    lease_expires_at = NULL, worker_id = NULL
+                    lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
                FROM dn JOIN l ON l.id = dn.run_id AND l.lease_epoch = dn.epoch
               WHERE r.id = dn.run_id
-             RETURNING r.id"
+             RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at"
+    };
+}
+
+/// The `fin_history` CTE of `flush_sql!` for `fin_complete!`: the completed
+/// runs' history rows.
+macro_rules! fin_complete_history {
+    () => {
+        "INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch)
+             SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch FROM fin"
     };
 }
 
 /// The `fin` CTE of `flush_sql!` for a batch without completions: no UPDATE
-/// of `runs`, so the statement triggers on it do not fire.
+/// of `runs`, so the statement trigger on it does not fire.
 macro_rules! fin_none {
+    () => {
+        "SELECT NULL::uuid AS id WHERE false"
+    };
+}
+
+/// The `fin_history` CTE of `flush_sql!` for `fin_none!`: nothing.
+macro_rules! fin_none_history {
     () => {
         "SELECT NULL::uuid AS id WHERE false"
     };
@@ -192,10 +213,12 @@ pub(crate) async fn flush_writes(
         }
     }
     let sql = match (locks, dn_run.is_empty()) {
-        (LockWait::Skip, false) => flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_complete!()),
-        (LockWait::Wait, false) => flush_sql!("FOR NO KEY UPDATE", fin_complete!()),
-        (LockWait::Skip, true) => flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_none!()),
-        (LockWait::Wait, true) => flush_sql!("FOR NO KEY UPDATE", fin_none!()),
+        (LockWait::Skip, false) => {
+            flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_complete, fin_complete_history)
+        }
+        (LockWait::Wait, false) => flush_sql!("FOR NO KEY UPDATE", fin_complete, fin_complete_history),
+        (LockWait::Skip, true) => flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_none, fin_none_history),
+        (LockWait::Wait, true) => flush_sql!("FOR NO KEY UPDATE", fin_none, fin_none_history),
     };
     let rows: Vec<(i32, i64, bool, bool, bool)> = sqlx::query_as(sql)
         .bind(&cp_run)

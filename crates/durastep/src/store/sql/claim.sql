@@ -141,7 +141,7 @@ claimed AS (
        SET state = 'running', lease_epoch = r.lease_epoch + 1,
            lease_expires_at = durastep.now() + make_interval(secs => $3),
            worker_id = $4, started_at = coalesce(r.started_at, durastep.now()),
-           park_rule = NULL, park_key = NULL,
+           park_rule = NULL, park_key = NULL, history_noted = NOT r.history_noted,
            flow_held = (SELECT jsonb_agg(jsonb_build_array(j.rule, j.key)) FROM judged j
                          WHERE j.id = r.id AND j.kind = 'concurrency')
       FROM admit, durastep.events e
@@ -155,6 +155,11 @@ claimed AS (
               ARRAY(SELECT j.position FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_positions,
               ARRAY(SELECT j.kind FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_kinds,
               ARRAY(SELECT j.step_key FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_keys),
+-- Their history rows, written here: the `runs_history` trigger stays quiet for
+-- rows whose `history_noted` flipped (migration 0020).
+claimed_history AS (
+    INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
+    SELECT c.id, c.db_now, 'running', c.attempt, c.lease_epoch, $4 FROM claimed c),
 -- Refused runs parked until their next possible start.
 parked AS (
     UPDATE durastep.runs r SET state = 'queued', run_at = p.run_at, park_rule = p.rule, park_key = p.key

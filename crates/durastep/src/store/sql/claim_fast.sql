@@ -16,24 +16,37 @@
 --   for it) is skipped: only the full claim takes its runs;
 -- * a run past its start or finish deadline is skipped: maintenance
 --   (`expire_timeouts`) cancels it with its reason, as the full claim would.
-WITH t AS MATERIALIZED (SELECT durastep.now() AS now)
-UPDATE durastep.runs r
-   SET state = 'running', lease_epoch = r.lease_epoch + 1,
-       lease_expires_at = (SELECT now FROM t) + make_interval(secs => $3),
-       worker_id = $4, started_at = coalesce(r.started_at, (SELECT now FROM t)),
-       park_rule = NULL, park_key = NULL, flow_held = NULL
- WHERE r.id = ANY (ARRAY(
-        SELECT c.id FROM durastep.runs c
-         WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
-           AND c.function_id = ANY ($1)
-           AND (c.function_id, c.version) IN (SELECT * FROM unnest($5::text[], $6::int[]))
-           AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id)
-           AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))
-           AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t))
-         ORDER BY c.priority DESC, c.run_at
-         LIMIT $2
-         FOR UPDATE OF c SKIP LOCKED))
-RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch,
+--
+-- The claim writes its runs' history rows itself (the `runs_history` trigger
+-- stays quiet for rows whose `history_noted` flipped: migration 0020).
+--
+-- The clock, read once.
+WITH t AS MATERIALIZED (SELECT durastep.now() AS now),
+-- The due runs, under a new lease epoch.
+claimed AS (
+    UPDATE durastep.runs r
+       SET state = 'running', lease_epoch = r.lease_epoch + 1,
+           lease_expires_at = (SELECT now FROM t) + make_interval(secs => $3),
+           worker_id = $4, started_at = coalesce(r.started_at, (SELECT now FROM t)),
+           park_rule = NULL, park_key = NULL, flow_held = NULL, history_noted = NOT r.history_noted
+     WHERE r.id = ANY (ARRAY(
+            SELECT c.id FROM durastep.runs c
+             WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
+               AND c.function_id = ANY ($1)
+               AND (c.function_id, c.version) IN (SELECT * FROM unnest($5::text[], $6::int[]))
+               AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id)
+               AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))
+               AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t))
+             ORDER BY c.priority DESC, c.run_at
+             LIMIT $2
+             FOR UPDATE OF c SKIP LOCKED))
+    RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch, r.parent_run_id, r.parent_step_key),
+-- Their history rows.
+h AS (
+    INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
+    SELECT c.id, (SELECT now FROM t), 'running', c.attempt, c.lease_epoch, $4 FROM claimed c)
+-- Each claimed run with its input, steps and journal.
+SELECT r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch,
           (SELECT e.payload FROM durastep.events e WHERE e.id = r.event_id) AS payload,
           r.parent_run_id, r.parent_step_key, (SELECT now FROM t) AS db_now,
           (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
@@ -44,3 +57,4 @@ RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch,
           ARRAY(SELECT j.kind FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_kinds,
           ARRAY(SELECT j.step_key FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_keys,
           0::bigint AS moved
+  FROM claimed r
