@@ -34,7 +34,7 @@ use durastep_benches::db::{BenchDb, wait_for_count};
 use durastep_benches::functions::{self, NOOP1, NOOP10};
 use durastep_benches::process::{WorkerConfig, WorkerProcess};
 use durastep_benches::raw;
-use durastep_benches::report::{Table, ratio, result, thousands, verdict};
+use durastep_benches::report::{Table, machine_busy_cpu, ratio, result, thousands, verdict};
 use sqlx::PgPool;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_bench-worker");
@@ -82,6 +82,8 @@ async fn raw_baselines(pool: &PgPool) -> Raw {
 struct Cell {
     enqueue: Duration,
     elapsed: Duration,
+    /// The machine's busy CPU time over the drain (zero where unknown).
+    cpu: Duration,
 }
 
 fn unix_now() -> f64 {
@@ -121,6 +123,7 @@ async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs
     let enqueue = started.elapsed();
     sqlx::query("ANALYZE durastep.runs, durastep.events").execute(pool).await.expect("analyze");
 
+    let cpu0 = machine_busy_cpu();
     let t0 = unix_now();
     for w in &mut workers {
         w.go().await;
@@ -128,6 +131,7 @@ async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs
     let sql = "SELECT count(*) FROM durastep.runs WHERE state = 'completed'";
     let done = wait_for_count(pool, sql, runs as i64, Duration::from_millis(100), Duration::from_secs(180)).await;
     assert!(done, "runs did not complete in time");
+    let cpu = machine_busy_cpu().zip(cpu0).map_or(Duration::ZERO, |(b, a)| b.saturating_sub(a));
     let last: f64 = sqlx::query_scalar("SELECT extract(epoch FROM max(finished_at))::float8 FROM durastep.runs")
         .fetch_one(pool)
         .await
@@ -136,7 +140,7 @@ async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs
     for s in stops {
         s.await.expect("stop worker");
     }
-    Cell { enqueue, elapsed: Duration::from_secs_f64((last - t0).max(1e-6)) }
+    Cell { enqueue, elapsed: Duration::from_secs_f64((last - t0).max(1e-6)), cpu }
 }
 
 /// Puts back (`on`) or drops the foreign keys of `step_results` and
@@ -238,6 +242,11 @@ async fn removed_cost(db: &BenchDb, engine: &Engine, pool: &PgPool, removed: Rem
         }
     }
     t.print();
+}
+
+/// The machine's busy CPU per 1,000 runs of a drain, in ms.
+fn cpu_ms_per_1k(cell: &Cell, runs: usize) -> f64 {
+    cell.cpu.as_secs_f64() * 1e3 * 1_000.0 / runs as f64
 }
 
 /// The middle value of `xs` (sorted in place).
@@ -348,22 +357,29 @@ async fn main() {
                 "processes",
                 "enqueue events/s",
                 "runs/s",
+                "CPU ms per 1,000 runs",
                 "vs raw claim (32/trip)",
                 "target",
                 "verdict",
             ],
         );
         let mut by_procs = Vec::new();
+        let mut cpu_one = 0.0;
         for procs in [1, 2, 4, 8] {
             let in_flight = 256;
             let cell = run_cell(&db, &engine, NOOP1, runs, procs, in_flight).await;
             let runs_s = runs as f64 / cell.elapsed.as_secs_f64();
             by_procs.push((procs, runs_s));
+            let cpu_per_1k = cpu_ms_per_1k(&cell, runs);
+            if procs == 1 {
+                cpu_one = cpu_per_1k;
+            }
             t.row(vec![
                 in_flight.to_string(),
                 procs.to_string(),
                 thousands(runs as f64 / cell.enqueue.as_secs_f64()),
                 thousands(runs_s),
+                format!("{cpu_per_1k:.0}"),
                 ratio(runs_s, raw.claim32),
                 ">= 20,000 and >= 0.3x".into(),
                 verdict(runs_s >= 20_000.0 && runs_s >= 0.3 * raw.claim32),
@@ -372,6 +388,7 @@ async fn main() {
         t.print();
         let one = by_procs[0].1;
         result("drain_runs_per_s", one, Some(one / raw.claim32));
+        result("drain_cpu_ms_per_1k_runs", cpu_one, None);
         let four = by_procs.iter().find(|(p, _)| *p == 4).map_or(0.0, |(_, r)| *r);
         result("scale_4_procs", four / one, Some(four / one));
         for (procs, runs_s) in &by_procs {
@@ -382,35 +399,42 @@ async fn main() {
         // off, alternating off and on (the first "on" is the drain above) so
         // that drift touches both alike; medians of three each.
         if !history_off {
-            let mut with = vec![one];
-            let mut without = vec![];
+            let (mut with, mut with_cpu) = (vec![one], vec![cpu_one]);
+            let (mut without, mut without_cpu) = (vec![], vec![]);
             for round in 0..3 {
                 set_history(&pool, false).await;
                 let cell = run_cell(&db, &engine, NOOP1, runs, 1, 256).await;
                 without.push(runs as f64 / cell.elapsed.as_secs_f64());
+                without_cpu.push(cpu_ms_per_1k(&cell, runs));
                 set_history(&pool, true).await;
                 if round < 2 {
                     let cell = run_cell(&db, &engine, NOOP1, runs, 1, 256).await;
                     with.push(runs as f64 / cell.elapsed.as_secs_f64());
+                    with_cpu.push(cpu_ms_per_1k(&cell, runs));
                 }
             }
-            eprintln!("history on: {with:.0?} runs/s; off: {without:.0?} runs/s");
+            eprintln!("history on: {with:.0?} runs/s, {with_cpu:.0?} CPU ms per 1,000 runs");
+            eprintln!("history off: {without:.0?} runs/s, {without_cpu:.0?} CPU ms per 1,000 runs");
             let one = median(&mut with);
             let without = median(&mut without);
+            let (cpu_with, cpu_without) = (median(&mut with_cpu), median(&mut without_cpu));
             let mut h = Table::new(
-                "What the run history costs (1 process, 256 in flight, single-step runs)",
-                &["history", "runs/s", "with / without", "target", "verdict"],
+                "What the run history costs (1 process, 256 in flight, single-step runs; medians of 3)",
+                &["history", "runs/s", "CPU ms per 1,000 runs", "with / without", "target", "verdict"],
             );
             h.row(vec![
                 "on".into(),
                 thousands(one),
+                format!("{cpu_with:.0}"),
                 ratio(one, without),
                 ">= 0.97x".into(),
                 verdict(one >= 0.97 * without),
             ]);
-            h.row(vec!["off".into(), thousands(without), "".into(), "".into(), "".into()]);
+            h.row(vec!["off".into(), thousands(without), format!("{cpu_without:.0}"), "".into(), "".into(), "".into()]);
             h.print();
             result("history_cost", one / without, Some(one / without));
+            // The same in CPU per run (without / with): steadier than runs/s on a shared host.
+            result("history_cost_cpu", cpu_without / cpu_with, Some(cpu_without / cpu_with));
         }
     }
     let _ = (raw.group16, raw.claim1);

@@ -112,6 +112,27 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
     status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// CPU time the whole machine has spent busy since boot (user, nice, system,
+/// interrupts; not idle, I/O wait or steal), from the first line of
+/// `/proc/stat` in clock ticks of 1/100 s (Linux's `USER_HZ` on every common
+/// platform). The difference over a drain, divided by its runs, is the CPU a
+/// run costs (engine, worker and Postgres together): a figure that, unlike
+/// runs per second, does not move when the machine's host is busy elsewhere.
+/// `None` off Linux.
+///
+/// ```
+/// # #[cfg(target_os = "linux")]
+/// assert!(durastep_benches::report::machine_busy_cpu().unwrap() > std::time::Duration::ZERO);
+/// ```
+pub fn machine_busy_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> =
+        stat.lines().next()?.split_whitespace().skip(1).map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal ...
+    let busy = [0, 1, 2, 5, 6].iter().filter_map(|&i| fields.get(i)).sum::<u64>();
+    Some(Duration::from_millis(busy * 10))
+}
+
 /// Whether a figure meets its target, as a table cell.
 ///
 /// ```
