@@ -265,7 +265,7 @@ impl TestEngine {
     /// ```
     pub async fn start<I: Serialize + ?Sized>(&self, function_id: &str, input: &I) -> Result<Uuid, Error> {
         let input = serde_json::to_value(input).map_err(|e| Error::InvalidFunction(format!("input: {e}")))?;
-        let id = Uuid::new_v4();
+        let id = Uuid::now_v7();
         let created = store::start_run(self.engine.pool(), id, function_id, &input).await.map_err(from_sqlx)?;
         if !created {
             return Err(Error::InvalidFunction(format!("no function has the id {function_id:?}")));
@@ -439,7 +439,7 @@ impl TestEngine {
             cases: Vec::with_capacity(points.len()),
         };
         for (at, (point, step)) in points.into_iter().enumerate() {
-            let id = Uuid::new_v4();
+            let id = Uuid::now_v7();
             self.probe.lock().crash = Some(CrashPlan { run_id: id, at, fired: false });
             let input = serde_json::to_value(input).map_err(|e| Error::InvalidFunction(format!("input: {e}")))?;
             if !store::start_run(self.engine.pool(), id, function_id, &input).await.map_err(from_sqlx)? {

@@ -176,3 +176,38 @@ async fn send_in_commits_and_rolls_back_with_the_callers_transaction(_p: PgPoolO
     assert_eq!(common::count(&engine, "durastep.events").await, 1);
     assert_eq!(common::count(&engine, "durastep.runs").await, 1);
 }
+
+/// The Unix time in milliseconds a version-7 UUID carries (its first 48 bits).
+fn v7_millis(id: uuid::Uuid) -> i64 {
+    (id.as_u128() >> 80) as i64
+}
+
+/// Catches: run or event ids minted at random again (version 4) instead of
+/// time-ordered (version 7, migration 0021), or a time-ordered id whose time
+/// is not when it was made: indexes keyed by these ids rely on runs created
+/// together getting neighbouring ids.
+#[sqlx::test(migrations = false)]
+async fn runs_and_events_get_time_ordered_ids(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let engine = common::engine(&opts, two_functions()).await;
+    let before = chrono::Utc::now().timestamp_millis();
+    let first = engine.send(Event::new("order/placed", &json!({"n": 1}))).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let second = engine.send(Event::new("order/placed", &json!({"n": 2}))).await.unwrap();
+    let after = chrono::Utc::now().timestamp_millis();
+
+    let ids: Vec<uuid::Uuid> = [first.event_id, second.event_id]
+        .into_iter()
+        .chain(first.run_ids.iter().copied())
+        .chain(second.run_ids.iter().copied())
+        .collect();
+    for id in &ids {
+        assert_eq!(id.get_version_num(), 7, "{id}");
+        let at = v7_millis(*id);
+        // The server's clock and this process's are the same machine's; 1 s of slack.
+        assert!(at >= before - 1_000 && at <= after + 1_000, "{id}: {at} not in [{before}, {after}]");
+    }
+    for (a, b) in first.run_ids.iter().zip(&second.run_ids) {
+        assert!(a < b, "a later send's run sorts after an earlier one's: {a} !< {b}");
+    }
+    assert!(first.event_id < second.event_id);
+}

@@ -50,7 +50,7 @@ pub(crate) async fn start_run(pool: &PgPool, id: Uuid, function_id: &str, input:
         "WITH f AS (SELECT id, max_attempts, start_timeout_secs, finish_timeout_secs, version
                       FROM durastep.functions WHERE id = $2),
          ev AS (INSERT INTO durastep.events (id, name, payload)
-                SELECT gen_random_uuid(), 'durastep/test:' || f.id, $3 FROM f RETURNING id)
+                SELECT durastep.uuid7(), 'durastep/test:' || f.id, $3 FROM f RETURNING id)
          INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, start_by, deadline_at,
                                     version)
          SELECT $1, f.id, ev.id, 'queued', durastep.now(), f.max_attempts,

@@ -208,13 +208,13 @@ pub(crate) async fn invoke(
                       FROM durastep.functions WHERE id = $3),
          ev AS (
              INSERT INTO durastep.events (id, name, payload, idempotency_key)
-             SELECT gen_random_uuid(), 'durastep/invoke:' || f.id, $4::jsonb, $1::text || ':' || $2 FROM f
+             SELECT durastep.uuid7(), 'durastep/invoke:' || f.id, $4::jsonb, $1::text || ':' || $2 FROM f
               WHERE NOT EXISTS (SELECT 1 FROM durastep.runs c WHERE c.parent_run_id = $1 AND c.parent_step_key = $2)
              ON CONFLICT DO NOTHING
              RETURNING id)
          INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, parent_run_id, parent_step_key,
                                     start_by, deadline_at, version)
-         SELECT gen_random_uuid(), f.id, ev.id, 'queued', durastep.now(), f.max_attempts, $1, $2,
+         SELECT durastep.uuid7(), f.id, ev.id, 'queued', durastep.now(), f.max_attempts, $1, $2,
                 durastep.now() + make_interval(secs => f.start_timeout_secs),
                 durastep.now() + make_interval(secs => f.finish_timeout_secs), f.version
            FROM f, ev",
