@@ -196,6 +196,10 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         let mut claims: tokio::task::JoinSet<ClaimDone> = tokio::task::JoinSet::new();
         // Runs each claim in flight may bring (`Want::fast`), by task.
         let mut asked: HashMap<tokio::task::Id, usize> = HashMap::new();
+        // Claims in flight in the order they were sent, and the answers of those
+        // that answered before an earlier one (taken once it has).
+        let mut sent_order: VecDeque<tokio::task::Id> = VecDeque::new();
+        let mut answered: HashMap<tokio::task::Id, ClaimDone> = HashMap::new();
         let mut last_full = false;
         // No claim before this: the queue had nothing due (until a wake-up,
         // a slot frees or the timer), or a claim failed (backoff).
@@ -271,55 +275,67 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     ClaimDone { result, want, sent, received: Instant::now() }
                 });
                 asked.insert(task.id(), want.fast);
+                sent_order.push_back(task.id());
                 continue;
             }
             let sleep_until = hold_until.unwrap_or_else(|| tokio::time::Instant::now() + opts.poll_interval);
-            let give_back_at = ready.front().map_or(sleep_until, |r| (r.received + AHEAD_WAIT_MAX).into());
+            let give_back_at =
+                ready.iter().map(|r| r.received).min().map_or(sleep_until, |r| (r + AHEAD_WAIT_MAX).into());
             tokio::select! {
                 Some(done) = claims.join_next_with_id(), if !claims.is_empty() => {
                     let id = match &done {
                         Ok((id, _)) => *id,
                         Err(e) => e.id(),
                     };
-                    asked.remove(&id);
                     // claim_round catches its own panics: a claim task cannot fail.
-                    let Ok((_, done)) = done else { continue };
-                    match done.result {
-                        Ok((claimed, moved)) => {
-                            failures = 0;
-                            last_full = claimed.len() >= done.want.fast;
-                            let got = claimed.len();
-                            for (run, fast) in claimed {
-                                let lost = CancellationToken::new();
-                                let h = Held {
-                                    fence: run.fence(),
-                                    lost: lost.clone(),
-                                    last_extended: done.sent,
-                                    function_id: run.function_id.clone(),
-                                };
-                                lock(&held).insert(run.id, h);
-                                let r = Ready { run, lost, received: done.received };
-                                // A flow-limited run holds its concurrency slots from the
-                                // claim: it starts before the runs claimed ahead.
-                                if fast { ready.push_back(r) } else { ready.push_front(r) }
+                    let Ok((_, done)) = done else {
+                        asked.remove(&id);
+                        sent_order.retain(|s| *s != id);
+                        continue;
+                    };
+                    // Answers are taken in the order the claims were sent: a later
+                    // claim's runs (later in the queue) wait for an earlier claim's
+                    // answer, so that they do not start before its runs.
+                    answered.insert(id, done);
+                    while let Some(first) = sent_order.front().copied()
+                        && let Some(done) = answered.remove(&first)
+                    {
+                        sent_order.pop_front();
+                        asked.remove(&first);
+                        match done.result {
+                            Ok((claimed, moved)) => {
+                                failures = 0;
+                                last_full = claimed.len() >= done.want.fast;
+                                let got = claimed.len();
+                                for (run, fast) in claimed {
+                                    let lost = CancellationToken::new();
+                                    let h = Held {
+                                        fence: run.fence(),
+                                        lost: lost.clone(),
+                                        last_extended: done.sent,
+                                        function_id: run.function_id.clone(),
+                                    };
+                                    lock(&held).insert(run.id, h);
+                                    enqueue(&mut ready, Ready { run, lost, received: done.received, fast });
+                                }
+                                // Nothing due (flow control moved nothing either): wait
+                                // for a wake-up or the next due run, not for a slot.
+                                if got == 0 && moved == 0 && sent_order.is_empty() {
+                                    let wait = match store::next_due_in(&engine.pool, &functions).await {
+                                        Ok(Some(d)) => d.min(opts.poll_interval),
+                                        _ => opts.poll_interval,
+                                    };
+                                    // Due but claimed by someone else or not yet visible: do not spin.
+                                    hold_until = Some(tokio::time::Instant::now() + wait.max(Duration::from_millis(5)));
+                                }
                             }
-                            // Nothing due (flow control moved nothing either): wait
-                            // for a wake-up or the next due run, not for a slot.
-                            if got == 0 && moved == 0 && claims.is_empty() {
-                                let wait = match store::next_due_in(&engine.pool, &functions).await {
-                                    Ok(Some(d)) => d.min(opts.poll_interval),
-                                    _ => opts.poll_interval,
-                                };
-                                // Due but claimed by someone else or not yet visible: do not spin.
-                                hold_until = Some(tokio::time::Instant::now() + wait.max(Duration::from_millis(5)));
+                            Err(e) => {
+                                failures += 1;
+                                last_full = false;
+                                let backoff = Duration::from_millis(50 * 2u64.pow(failures.min(7))).min(Duration::from_secs(1));
+                                tracing::warn!(error = %e, ?backoff, "claim failed; retrying");
+                                hold_until = Some(tokio::time::Instant::now() + backoff);
                             }
-                        }
-                        Err(e) => {
-                            failures += 1;
-                            last_full = false;
-                            let backoff = Duration::from_millis(50 * 2u64.pow(failures.min(7))).min(Duration::from_secs(1));
-                            tracing::warn!(error = %e, ?backoff, "claim failed; retrying");
-                            hold_until = Some(tokio::time::Instant::now() + backoff);
                         }
                     }
                 }
@@ -328,8 +344,10 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 _ = tokio::time::sleep_until(give_back_at), if !ready.is_empty() => {
                     // Claimed ahead, but no slot freed for AHEAD_WAIT_MAX:
                     // another worker may run them now.
-                    while ready.front().is_some_and(|r| r.received.elapsed() >= AHEAD_WAIT_MAX) {
-                        let Some(r) = ready.pop_front() else { break };
+                    let (stale, waiting): (VecDeque<Ready>, VecDeque<Ready>) =
+                        ready.drain(..).partition(|r| r.received.elapsed() >= AHEAD_WAIT_MAX);
+                    ready = waiting;
+                    for r in stale {
                         let fence = r.run.fence();
                         lock(&held).remove(&fence.run_id());
                         give_back(&engine, r).await;
@@ -342,11 +360,15 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
 
         // Graceful shutdown: no more claims; a claim in flight is awaited, so
         // that its runs are given back with those claimed ahead.
+        let mut unstarted: Vec<ClaimDone> = answered.into_values().collect();
         while let Some(done) = claims.join_next().await {
-            if let Ok(ClaimDone { result: Ok((claimed, _)), received, .. }) = done {
+            unstarted.extend(done.ok());
+        }
+        for done in unstarted {
+            if let ClaimDone { result: Ok((claimed, _)), received, .. } = done {
                 for (run, _) in claimed {
                     let lost = CancellationToken::new();
-                    ready.push_back(Ready { run, lost, received });
+                    ready.push_back(Ready { run, lost, received, fast: true });
                 }
             }
         }
@@ -516,6 +538,22 @@ struct Ready {
     lost: CancellationToken,
     /// When the claim's answer arrived: the run's `db_now` was read before it.
     received: Instant,
+    /// Claimed by the fast claim (no claim-time flow rules).
+    fast: bool,
+}
+
+/// Queues a claimed run to start. A flow-limited run holds its concurrency
+/// slots from the claim, so it starts before the runs claimed ahead; the
+/// others take their place by priority, then due time: two claims in flight
+/// may answer in either order, and their runs must still start in the order
+/// the queue gave them (G26).
+fn enqueue(ready: &mut VecDeque<Ready>, r: Ready) {
+    if !r.fast {
+        ready.push_front(r);
+        return;
+    }
+    let at = ready.iter().position(|q| q.fast && r.run.place.before(&q.run.place)).unwrap_or(ready.len());
+    ready.insert(at, r);
 }
 
 /// The end of one executor: releases its run's slot and its place in the held
@@ -628,7 +666,7 @@ async fn diverged(engine: &EngineInner, run: &RunRef, d: crate::journal::Diverge
 
 /// Executes one attempt of a claimed run and writes how it ended.
 async fn execute(engine: &EngineInner, ready: Ready, writer: Writer, mut slot: Slot) {
-    let Ready { run, lost, received } = ready;
+    let Ready { run, lost, received, .. } = ready;
     if lost.is_cancelled() {
         // Lost or cancelled before it started (it waited for a slot): no user
         // code runs; a cancelled run's slots are given back now.

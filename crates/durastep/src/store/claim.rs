@@ -62,6 +62,23 @@ pub(crate) struct ClaimedRun {
     /// The run and step that invoked it (a child run): its output is bound to them.
     pub parent: Option<(Uuid, String)>,
     pub db_now: DateTime<Utc>,
+    /// Where it stood in the due queue when claimed.
+    pub place: QueuePlace,
+}
+
+/// Where a run stands in the due queue: claims take runs by priority (highest
+/// first), then by due time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QueuePlace {
+    pub priority: i32,
+    pub run_at: DateTime<Utc>,
+}
+
+impl QueuePlace {
+    /// Whether a claim takes a run at this place before one at `other`.
+    pub(crate) fn before(&self, other: &QueuePlace) -> bool {
+        (std::cmp::Reverse(self.priority), self.run_at) < (std::cmp::Reverse(other.priority), other.run_at)
+    }
 }
 
 impl ClaimedRun {
@@ -173,6 +190,7 @@ fn claimed_runs(rows: Vec<sqlx::postgres::PgRow>) -> Result<(Vec<ClaimedRun>, i6
                 .try_get::<Option<Uuid>, _>("parent_run_id")?
                 .zip(row.try_get::<Option<String>, _>("parent_step_key")?),
             db_now: row.try_get("db_now")?,
+            place: QueuePlace { priority: row.try_get("priority")?, run_at: row.try_get("run_at")? },
         });
     }
     Ok((claimed, moved))
@@ -205,4 +223,23 @@ pub(crate) async fn count_due_runs(pool: &PgPool, functions: &[String]) -> Resul
     .bind(functions)
     .fetch_all(pool)
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QueuePlace;
+    use chrono::{TimeZone, Utc};
+
+    #[test]
+    fn queue_places_go_by_priority_then_due_time() {
+        let at = |s| Utc.timestamp_opt(s, 0).unwrap();
+        let urgent_late = QueuePlace { priority: 5, run_at: at(20) };
+        let early = QueuePlace { priority: 0, run_at: at(10) };
+        let late = QueuePlace { priority: 0, run_at: at(20) };
+        assert!(urgent_late.before(&early));
+        assert!(early.before(&late));
+        assert!(!late.before(&early));
+        assert!(!early.before(&early), "a place is not before itself");
+        assert!(!early.before(&urgent_late));
+    }
 }

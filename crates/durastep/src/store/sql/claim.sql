@@ -147,7 +147,7 @@ claimed AS (
       FROM admit, durastep.events e
      WHERE r.id = admit.id AND e.id = r.event_id
     RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch, e.payload,
-              r.parent_run_id, r.parent_step_key, durastep.now() AS db_now,
+              r.parent_run_id, r.parent_step_key, durastep.now() AS db_now, r.priority, r.run_at,
               (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
                  FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
               -- The journal as three arrays in position order: a jsonb array of
@@ -188,7 +188,7 @@ woken AS (
 -- The claimed runs, and how many runs were moved.
 SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, c.lease_epoch, c.payload, c.db_now, c.steps,
        c.journal_positions, c.journal_kinds, c.journal_keys,
-       c.parent_run_id, c.parent_step_key,
+       c.parent_run_id, c.parent_step_key, c.priority, c.run_at,
        (SELECT count(*) FROM parked) + (SELECT count(*) FROM skipped) + (SELECT count(*) FROM woken)
          + (SELECT count(*) FROM expired) AS moved
   FROM (SELECT 1) AS one LEFT JOIN claimed c ON true

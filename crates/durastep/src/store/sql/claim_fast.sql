@@ -40,7 +40,8 @@ claimed AS (
              ORDER BY c.priority DESC, c.run_at
              LIMIT $2
              FOR UPDATE OF c SKIP LOCKED))
-    RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch, r.parent_run_id, r.parent_step_key),
+    RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch, r.parent_run_id, r.parent_step_key,
+              r.priority, r.run_at),
 -- Their history rows.
 h AS (
     INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
@@ -48,7 +49,7 @@ h AS (
 -- Each claimed run with its input, steps and journal.
 SELECT r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch,
           (SELECT e.payload FROM durastep.events e WHERE e.id = r.event_id) AS payload,
-          r.parent_run_id, r.parent_step_key, (SELECT now FROM t) AS db_now,
+          r.parent_run_id, r.parent_step_key, (SELECT now FROM t) AS db_now, r.priority, r.run_at,
           (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
              FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
           -- The journal as three arrays in position order: a jsonb array of
