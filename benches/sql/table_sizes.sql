@@ -14,8 +14,9 @@
 -- Sizes can be scaled with -v n=<runs per population> (default 100000);
 --
 -- What it does. Three populations of runs go through the engine's own
--- statements (the text is copied from the store; the triggers of the
--- migrations write run_history and run the statement triggers), in batches:
+-- statements (the fast claim read from its file, the others copied from the
+-- store; the claim writes its history rows, the triggers of the migrations
+-- the others), in batches:
 --   1. n single-step runs: durastep.send_events (1,000 events per call, like
 --      `send_batch`), the fast claim (store/sql/claim_fast.sql, 500 per call),
 --      then one group-commit flush per claimed batch holding each run's step
@@ -74,35 +75,9 @@ $$;
 
 -- The engine's statements, verbatim from the store.
 CREATE TABLE sizes.stmt (name text PRIMARY KEY, sql text NOT NULL);
--- crates/durastep/src/store/sql/claim_fast.sql
-INSERT INTO sizes.stmt VALUES ('claim_fast', $q$
-WITH t AS MATERIALIZED (SELECT durastep.now() AS now)
-UPDATE durastep.runs r
-   SET state = 'running', lease_epoch = r.lease_epoch + 1,
-       lease_expires_at = (SELECT now FROM t) + make_interval(secs => $3),
-       worker_id = $4, started_at = coalesce(r.started_at, (SELECT now FROM t)),
-       park_rule = NULL, park_key = NULL, flow_held = NULL
- WHERE r.id = ANY (ARRAY(
-        SELECT c.id FROM durastep.runs c
-         WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
-           AND c.function_id = ANY ($1)
-           AND (c.function_id, c.version) IN (SELECT * FROM unnest($5::text[], $6::int[]))
-           AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id)
-           AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))
-           AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t))
-         ORDER BY c.priority DESC, c.run_at
-         LIMIT $2
-         FOR UPDATE OF c SKIP LOCKED))
-RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch,
-          (SELECT e.payload FROM durastep.events e WHERE e.id = r.event_id) AS payload,
-          r.parent_run_id, r.parent_step_key, (SELECT now FROM t) AS db_now,
-          (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
-             FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
-          ARRAY(SELECT j.position FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_positions,
-          ARRAY(SELECT j.kind FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_kinds,
-          ARRAY(SELECT j.step_key FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_keys,
-          0::bigint AS moved
-$q$);
+-- crates/durastep/src/store/sql/claim_fast.sql, read from the file (run from the repository root).
+\set claim_fast_sql `cat crates/durastep/src/store/sql/claim_fast.sql`
+INSERT INTO sizes.stmt VALUES ('claim_fast', :'claim_fast_sql');
 -- crates/durastep/src/store/attempt.rs: flush_sql!("FOR NO KEY UPDATE", fin_complete!()), in its text
 -- before 2026-12-02 (it read its arrays directly; the rows it writes are the same)
 INSERT INTO sizes.stmt VALUES ('flush', $q$
