@@ -733,3 +733,49 @@ async fn deleting_or_truncating_runs_takes_their_steps_along(_p: PgPoolOptions, 
         .await
         .unwrap();
 }
+
+/// Since migration 0020 the claims and the completion write their history rows
+/// themselves and a row trigger writes the rest. Catches: a transition
+/// recorded twice (by the statement and by the trigger) or not at all, on
+/// either claim: the fast claim (a function without flow rules) and the full
+/// claim (a concurrency-limited function), each through a retry (the failure
+/// is recorded by the trigger) and a completion.
+#[sqlx::test(migrations = false)]
+async fn each_transition_is_recorded_once_on_the_fast_and_the_full_claim(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let failing = |id: &str, limited: bool| {
+        let tries = Arc::new(AtomicU32::new(0));
+        let f = Function::new(id).on_event("once/go").retries(2).backoff(Backoff::Fixed(Duration::ZERO));
+        let f = if limited { f.concurrency(durastep::Concurrency::new(1).key("/k")) } else { f };
+        f.handler(move |_ctx: Ctx, _: Value| {
+            let tries = tries.clone();
+            async move {
+                if tries.fetch_add(1, Ordering::SeqCst) == 0 {
+                    return Err(HandlerError::new("first attempt fails"));
+                }
+                Ok(json!("done"))
+            }
+        })
+    };
+    let (fast, full) = (failing("once-fast", false), failing("once-full", true));
+    let engine = common::engine(&opts, vec![fast, full]).await;
+    let sent = engine.send(Event::new("once/go", &json!({"k": "a"}))).await.unwrap();
+    let w = common::spawn_worker(&engine);
+    for id in &sent.run_ids {
+        assert_eq!(common::finished(&engine, *id).await.state, RunState::Completed);
+    }
+    w.stop().await;
+    for id in &sent.run_ids {
+        let d = engine.inspect().run(*id).await.unwrap();
+        let states: Vec<RunState> = d.history.iter().map(|h| h.state).collect();
+        assert_eq!(
+            states,
+            [RunState::Running, RunState::Queued, RunState::Running, RunState::Completed],
+            "{}",
+            d.run.function_id
+        );
+        let attempts: Vec<u32> = d.history.iter().map(|h| h.attempt).collect();
+        assert_eq!(attempts, [1, 2, 2, 2], "{}", d.run.function_id);
+        assert!(d.history[0].worker_id.is_some() && d.history[2].worker_id.is_some());
+        assert_eq!(d.history[1].error.as_deref(), Some("first attempt fails"));
+    }
+}
