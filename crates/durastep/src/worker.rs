@@ -125,6 +125,18 @@ struct Held {
     lost: CancellationToken,
     last_extended: Instant,
     function_id: String,
+    /// Wakes the claim loop when this attempt is lost while it waits for a
+    /// slot (claimed ahead), so that it ends the attempt at once.
+    waiting_lost: Arc<Notify>,
+}
+
+impl Held {
+    /// The attempt is lost (lease lost, run cancelled): its handler is
+    /// dropped, or, if it still waits for a slot, it never starts.
+    fn lose(&self) {
+        self.lost.cancel();
+        self.waiting_lost.notify_one();
+    }
 }
 
 type HeldRuns = Arc<Mutex<HashMap<Uuid, Held>>>;
@@ -148,6 +160,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         let held: HeldRuns = Arc::default();
         let wake = Arc::new(Notify::new());
         let slot_freed = Arc::new(Turnover::default());
+        let waiting_lost = Arc::new(Notify::new());
         let stop_background = CancellationToken::new();
         let stop_writers = CancellationToken::new();
         let (writer, writer_tasks) = Writer::spawn(
@@ -221,18 +234,19 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     );
                 }
             }
-            // Start what waits, on the free slots; a run lost or cancelled
-            // while it waited starts at once, only to end its attempt.
-            while let Some(next) = ready.front() {
-                let permit = if next.lost.is_cancelled() {
-                    None
-                } else {
-                    match slots.clone().try_acquire_owned() {
-                        Ok(p) => Some(p),
+            // A run lost or cancelled while it waited (anywhere in the queue)
+            // starts at once, without a slot, only to end its attempt; then
+            // what waits, in order, on the free slots.
+            loop {
+                let (i, permit) = match ready.iter().position(|r| r.lost.is_cancelled()) {
+                    Some(i) => (i, None),
+                    None if ready.is_empty() => break,
+                    None => match slots.clone().try_acquire_owned() {
+                        Ok(p) => (0, Some(p)),
                         Err(_) => break,
-                    }
+                    },
                 };
-                let Some(next) = ready.pop_front() else { break };
+                let Some(next) = ready.remove(i) else { break };
                 let slot = Slot { permit, turnover: slot_freed.clone() };
                 let (engine, held, writer) = (engine.clone(), held.clone(), writer.clone());
                 executors.spawn(async move {
@@ -314,6 +328,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                                         lost: lost.clone(),
                                         last_extended: done.sent,
                                         function_id: run.function_id.clone(),
+                                        waiting_lost: waiting_lost.clone(),
                                     };
                                     lock(&held).insert(run.id, h);
                                     enqueue(&mut ready, Ready { run, lost, received: done.received, fast });
@@ -341,6 +356,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 }
                 _ = wake.notified(), if hold_until.is_some() && failures == 0 => hold_until = None,
                 _ = slot_freed.notify.notified() => {}
+                _ = waiting_lost.notified() => {}
                 _ = tokio::time::sleep_until(give_back_at), if !ready.is_empty() => {
                     // Claimed ahead, but no slot freed for AHEAD_WAIT_MAX:
                     // another worker may run them now.
@@ -1028,7 +1044,7 @@ async fn heartbeat_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: Cancella
                             None if !h.lost.is_cancelled() => {
                                 metrics::count(metrics::LEASES_LOST, &h.function_id);
                                 tracing::warn!(run_id = %id, "lease lost (fenced); dropping handler");
-                                h.lost.cancel();
+                                h.lose();
                             }
                             None => {}
                         }
@@ -1058,7 +1074,7 @@ async fn own_clock_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: Cancella
             if deadline <= now {
                 metrics::count(metrics::LEASES_LOST, &h.function_id);
                 tracing::warn!(run_id = %id, "lease not extended in time by this worker's clock; dropping handler");
-                h.lost.cancel();
+                h.lose();
             } else {
                 earliest = earliest.min(deadline);
             }
@@ -1201,7 +1217,7 @@ fn drop_cancelled(held: &HeldRuns, payload: &str) {
     };
     if let Some(h) = lock(held).get(&id).filter(|h| h.fence.epoch() == epoch && !h.lost.is_cancelled()) {
         tracing::info!(run_id = %id, "run cancelled; dropping its handler");
-        h.lost.cancel();
+        h.lose();
     }
 }
 

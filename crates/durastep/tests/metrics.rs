@@ -108,6 +108,39 @@ impl TestRecorder {
 
 // ---- Metrics ----
 
+/// Catches: a run cancelled while it waits, claimed ahead, for a slot that
+/// starts its handler anyway (it must end its attempt at once without user
+/// code and without a slot: its worker's only slot stays blocked). On this
+/// current-thread runtime a handler spawned for a cancelled run is dropped
+/// before its first poll, so what the missing check shows is the attempt
+/// counted as started: every run of this scenario that started is counted,
+/// the cancelled one is not.
+#[sqlx::test(migrations = false)]
+async fn a_run_cancelled_while_it_waits_for_a_slot_never_starts(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let recorder = TestRecorder::default();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let ahead = common::ahead::Ahead::new();
+    let engine = ahead.engine(&opts).await;
+    let w = common::spawn_worker(&engine);
+    let (round, blocked, x) = ahead.claimed_ahead(&engine).await;
+    engine.cancel(x, "not needed").await.unwrap();
+    // The attempt ends (the worker lets go of it) while the slot is still blocked.
+    common::wait_until("the cancelled attempt to end", || async { common::lease_of(&engine, x).await.1.is_none() })
+        .await;
+    assert!(!ahead.gates[round].is_open());
+    assert_eq!(engine.run(blocked).await.unwrap().state, durastep::RunState::Running);
+    let cancelled = engine.run(x).await.unwrap();
+    assert_eq!((cancelled.state, cancelled.attempt), (durastep::RunState::Cancelled, 1), "{cancelled:?}");
+    ahead.gates[round].open();
+    assert_eq!(common::finished(&engine, blocked).await.state, durastep::RunState::Completed);
+    w.stop().await;
+    assert_eq!(ahead.x_starts.load(Ordering::SeqCst), round as u32, "the cancelled run ran user code");
+    // Earlier rounds: 100 quick runs, the blocking run and x each; this round
+    // the same but x.
+    let started = recorder.counter("durastep_runs_started_total{function=ahead,kind=first}");
+    assert_eq!(started, round as u64 * 102 + 101, "runs counted as started");
+}
+
 /// Catches: a retry not counted as a started attempt (or counted as a first
 /// one), a failed attempt counted as a failed run or not at all, a completion
 /// counted twice; a replayed step timed again (step "fetch" runs once but is
