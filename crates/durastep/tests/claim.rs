@@ -115,17 +115,6 @@ async fn a_run_claimed_ahead_is_given_back_when_no_slot_frees(_p: PgPoolOptions,
     let engine = ahead.engine(&opts).await;
     let w = common::spawn_worker(&engine);
     let (round, blocked, x) = ahead.claimed_ahead(&engine).await;
-    eprintln!("DBG round {round} blocked {blocked} x {x}");
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-    let hx = engine.inspect().run(x).await.unwrap();
-    let hb = engine.inspect().run(blocked).await.unwrap();
-    eprintln!(
-        "DBG x {:?}\nDBG x history {:?}\nDBG blocked history {:?} x_starts {}",
-        hx.run.state,
-        hx.history,
-        hb.history,
-        ahead.x_starts.load(Ordering::SeqCst)
-    );
     // Given back: queued again, the same attempt, no user code run.
     let back = common::wait_for_run_where(&engine, x, "given back", |r| r.state == RunState::Queued).await;
     assert_eq!(back.attempt, 1, "{back:?}");
