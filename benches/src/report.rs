@@ -116,8 +116,9 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
 /// interrupts; not idle, I/O wait or steal), from the first line of
 /// `/proc/stat` in clock ticks of 1/100 s (Linux's `USER_HZ` on every common
 /// platform). The difference over a drain, divided by its runs, is the CPU a
-/// run costs (engine, worker and Postgres together): a figure that, unlike
-/// runs per second, does not move when the machine's host is busy elsewhere.
+/// run costs (engine, worker and Postgres together): it moves less than runs
+/// per second when the machine's host is busy elsewhere, but it still moves
+/// (up to about 30% between drains here), so compare medians.
 /// `None` off Linux.
 ///
 /// ```
