@@ -207,11 +207,10 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         // Claim rounds in flight (at most two: a second one only while the
         // queue gave full batches), and the runs they may bring.
         let mut claims: tokio::task::JoinSet<ClaimDone> = tokio::task::JoinSet::new();
-        // Runs each claim in flight may bring (`Want::fast`), by task.
-        let mut asked: HashMap<tokio::task::Id, usize> = HashMap::new();
-        // Claims in flight in the order they were sent, and the answers of those
+        // Claims whose runs are not queued yet, in the order they were sent,
+        // with the runs each may bring (`Want::fast`); and the answers of those
         // that answered before an earlier one (taken once it has).
-        let mut sent_order: VecDeque<tokio::task::Id> = VecDeque::new();
+        let mut sent_order: VecDeque<(tokio::task::Id, usize)> = VecDeque::new();
         let mut answered: HashMap<tokio::task::Id, ClaimDone> = HashMap::new();
         let mut last_full = false;
         // No claim before this: the queue had nothing due (until a wake-up,
@@ -271,7 +270,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             // Free slots, and the runs that will fill them without a slot of
             // their own: those waiting and those the claims in flight may bring.
             let idle = slots.available_permits();
-            let covered = ready.len() + asked.values().sum::<usize>();
+            let covered = ready.len() + sent_order.iter().map(|(_, n)| n).sum::<usize>();
             let room = (idle + ahead).saturating_sub(covered);
             let starved = idle > covered || (ahead > 0 && room >= ahead.div_ceil(2));
             let may_claim = claims.is_empty() || (claims.len() < 2 && last_full);
@@ -288,8 +287,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     let result = claim_round(&engine, &classes, fast_first, want, worker_id).await;
                     ClaimDone { result, want, sent, received: Instant::now() }
                 });
-                asked.insert(task.id(), want.fast);
-                sent_order.push_back(task.id());
+                sent_order.push_back((task.id(), want.fast));
                 continue;
             }
             let sleep_until = hold_until.unwrap_or_else(|| tokio::time::Instant::now() + opts.poll_interval);
@@ -303,19 +301,17 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     };
                     // claim_round catches its own panics: a claim task cannot fail.
                     let Ok((_, done)) = done else {
-                        asked.remove(&id);
-                        sent_order.retain(|s| *s != id);
+                        sent_order.retain(|(s, _)| *s != id);
                         continue;
                     };
                     // Answers are taken in the order the claims were sent: a later
                     // claim's runs (later in the queue) wait for an earlier claim's
                     // answer, so that they do not start before its runs.
                     answered.insert(id, done);
-                    while let Some(first) = sent_order.front().copied()
+                    while let Some((first, _)) = sent_order.front().copied()
                         && let Some(done) = answered.remove(&first)
                     {
                         sent_order.pop_front();
-                        asked.remove(&first);
                         match done.result {
                             Ok((claimed, moved)) => {
                                 failures = 0;
