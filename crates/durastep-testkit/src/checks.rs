@@ -531,6 +531,92 @@ pub async fn unstored_executions_per_pid(pool: &PgPool) -> Result<Vec<(i32, i64)
     .await?)
 }
 
+/// A step body execution whose result its own attempt never stored, with
+/// when and how that attempt lost the run: see [`unstored_executions`].
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// for x in durastep_testkit::checks::unstored_executions(&pool).await? {
+///     println!("pid {} lost {}/{} at {:?} ({:?})", x.pid, x.run_id, x.step_key, x.attempt_ended_at, x.attempt_ended_as);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct UnstoredExecution {
+    /// The process that ran the body.
+    pub pid: i32,
+    /// The run.
+    pub run_id: Uuid,
+    /// The step.
+    pub step_key: String,
+    /// The run's lease epoch when the body started (the attempt's epoch).
+    pub lease_epoch: Option<i64>,
+    /// When the body started.
+    pub started_at: DateTime<Utc>,
+    /// When the body returned (`None`: it never did, its process died first).
+    pub ended_at: Option<DateTime<Utc>>,
+    /// When the attempt lost the run: the first history row of the run that
+    /// leaves `running` at this epoch, or that carries a later epoch (`None`:
+    /// the run's history shows no such row).
+    pub attempt_ended_at: Option<DateTime<Utc>>,
+    /// The state that history row records (`queued` for a reaped lease).
+    pub attempt_ended_as: Option<String>,
+}
+
+/// Every step body execution whose result was never stored by its own
+/// attempt (as [`unstored_executions_per_pid`] counts them), each with the
+/// moment its attempt lost the run, from the run's history.
+///
+/// A test that kills processes tells by that moment why a body's result was
+/// lost: the attempt ended after its process was killed (the kill cut it
+/// short), or before (the process lost the lease while it lived).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let lost = durastep_testkit::checks::unstored_executions(&pool).await?;
+/// assert!(lost.iter().all(|x| x.attempt_ended_at.is_some()));
+/// # Ok(()) }
+/// ```
+pub async fn unstored_executions(pool: &PgPool) -> Result<Vec<UnstoredExecution>> {
+    Ok(sqlx::query_as(
+        "SELECT l.pid, l.run_id, l.step_key, l.lease_epoch, l.started_at, l.ended_at,
+                e.at AS attempt_ended_at, e.state AS attempt_ended_as
+           FROM testkit_ledger l
+           LEFT JOIN LATERAL (
+                SELECT h.at, h.state FROM durastep.run_history h
+                 WHERE h.run_id = l.run_id
+                   AND (h.lease_epoch > l.lease_epoch
+                        OR (h.lease_epoch = l.lease_epoch AND h.state <> 'running'))
+                 ORDER BY h.seq LIMIT 1) e ON true
+          WHERE NOT EXISTS (SELECT 1 FROM durastep.step_results s
+                             WHERE s.run_id = l.run_id AND s.step_key = l.step_key
+                               AND s.lease_epoch IS NOT DISTINCT FROM l.lease_epoch)
+          ORDER BY l.pid, l.id",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// A run's history rows as text, one per line (`at state attempt epoch
+/// worker`): for a failing test's message.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool, id: uuid::Uuid) -> durastep_testkit::Result<()> {
+/// eprintln!("{}", durastep_testkit::checks::history_text(&pool, id).await?);
+/// # Ok(()) }
+/// ```
+pub async fn history_text(pool: &PgPool, run_id: Uuid) -> Result<String> {
+    let text: Option<String> = sqlx::query_scalar(
+        "SELECT string_agg(format('  %s %s attempt=%s epoch=%s %s', to_char(at, 'HH24:MI:SS.MS'), state,
+                                  attempt, lease_epoch, coalesce(worker_id::text, '')), E'\\n' ORDER BY seq)
+           FROM durastep.run_history WHERE run_id = $1",
+    )
+    .bind(run_id)
+    .fetch_one(pool)
+    .await?;
+    Ok(text.unwrap_or_default())
+}
+
 /// The given runs as stored now, by id (runs that do not exist are left out).
 ///
 /// ```no_run

@@ -9,7 +9,7 @@
 //! handler dropped and gets no further writes.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -128,6 +128,10 @@ struct Held {
     /// Wakes the claim loop when this attempt is lost while it waits for a
     /// slot (claimed ahead), so that it ends the attempt at once.
     waiting_lost: Arc<Notify>,
+    /// Set once the attempt's handler is gone and its end is being written: a
+    /// heartbeat that then no longer finds the run running has most likely
+    /// raced that end write (completion, retry, sleep), not lost the lease.
+    ending: Arc<AtomicBool>,
 }
 
 impl Held {
@@ -319,15 +323,17 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                                 let got = claimed.len();
                                 for (run, fast) in claimed {
                                     let lost = CancellationToken::new();
+                                    let ending = Arc::new(AtomicBool::new(false));
                                     let h = Held {
                                         fence: run.fence(),
                                         lost: lost.clone(),
                                         last_extended: done.sent,
                                         function_id: run.function_id.clone(),
                                         waiting_lost: waiting_lost.clone(),
+                                        ending: ending.clone(),
                                     };
                                     lock(&held).insert(run.id, h);
-                                    enqueue(&mut ready, Ready { run, lost, received: done.received, fast });
+                                    enqueue(&mut ready, Ready { run, lost, ending, received: done.received, fast });
                                 }
                                 // Nothing due (flow control moved nothing either): wait
                                 // for a wake-up or the next due run, not for a slot.
@@ -379,8 +385,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         for done in unstarted {
             if let ClaimDone { result: Ok((claimed, _)), received, .. } = done {
                 for (run, _) in claimed {
-                    let lost = CancellationToken::new();
-                    ready.push_back(Ready { run, lost, received, fast: true });
+                    let (lost, ending) = (CancellationToken::new(), Arc::default());
+                    ready.push_back(Ready { run, lost, ending, received, fast: true });
                 }
             }
         }
@@ -548,6 +554,8 @@ struct ClaimDone {
 struct Ready {
     run: ClaimedRun,
     lost: CancellationToken,
+    /// Shared with the run's [`Held`] entry: set when the attempt's end is written.
+    ending: Arc<AtomicBool>,
     /// When the claim's answer arrived: the run's `db_now` was read before it.
     received: Instant,
     /// Claimed by the fast claim (no claim-time flow rules).
@@ -678,7 +686,7 @@ async fn diverged(engine: &EngineInner, run: &RunRef, d: crate::journal::Diverge
 
 /// Executes one attempt of a claimed run and writes how it ended.
 async fn execute(engine: &EngineInner, ready: Ready, writer: Writer, mut slot: Slot) {
-    let Ready { run, lost, received, .. } = ready;
+    let Ready { run, lost, ending: end_written, received, .. } = ready;
     if lost.is_cancelled() {
         // Lost or cancelled before it started (it waited for a slot): no user
         // code runs; a cancelled run's slots are given back now.
@@ -837,6 +845,7 @@ async fn execute(engine: &EngineInner, ready: Ready, writer: Writer, mut slot: S
         }
         // No user code of this attempt runs any more: this worker's slot is
         // free while the attempt's end is written.
+        end_written.store(true, Ordering::Relaxed);
         slot.free();
         // Whether the attempt's own end write (completion, failure, retry,
         // suspension, divergence) was stored; it gives back the attempt's slots itself.
@@ -1036,6 +1045,12 @@ async fn heartbeat_loop(engine: Arc<EngineInner>, held: HeldRuns, stop: Cancella
                             Some(true) => h.last_extended = sent_at,
                             Some(false) => {
                                 tracing::debug!(run_id = %id, "run row locked by another transaction; lease extension retried next round")
+                            }
+                            // The end write committed between the heartbeat's read of
+                            // the held runs and its statement: not a lost lease (a
+                            // fenced end write is found by the end write itself).
+                            None if h.ending.load(Ordering::Relaxed) => {
+                                tracing::debug!(run_id = %id, "attempt ended while its lease was being extended")
                             }
                             None if !h.lost.is_cancelled() => {
                                 metrics::count(metrics::LEASES_LOST, &h.function_id);
