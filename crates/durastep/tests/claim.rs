@@ -105,6 +105,32 @@ async fn a_worker_whose_slots_are_all_stuck_claims_nothing_ahead(_p: PgPoolOptio
     assert_eq!(x_starts.load(Ordering::SeqCst), 1);
 }
 
+/// Catches: `claim_ahead: 0` not honoured (G26: it keeps strict order, since
+/// a run claimed ahead could start before a higher-priority run that becomes
+/// due meanwhile). The scenario in which a worker with `claim_ahead: 1`
+/// claims `x` ahead (tests/common/ahead.rs: its slot turned over on 100
+/// quick runs, then a run blocks it), run for every round: `x` must stay
+/// queued while the slot is blocked.
+#[sqlx::test(migrations = false)]
+async fn a_worker_with_claim_ahead_zero_claims_nothing_ahead(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let ahead = common::ahead::Ahead::new();
+    let engine = ahead.engine_claiming_ahead(&opts, 0).await;
+    let w = common::spawn_worker(&engine);
+    for round in 0..common::ahead::AHEAD_ROUNDS {
+        let (blocked, x) = ahead.round(&engine, round).await;
+        common::stays(&engine, x, Duration::from_millis(600), "queued (not claimed ahead)", |r| {
+            r.state == RunState::Queued && r.attempt == 1
+        })
+        .await;
+        ahead.gates[round].open();
+        assert_eq!(common::finished(&engine, blocked).await.state, RunState::Completed);
+        assert_eq!(common::finished(&engine, x).await.state, RunState::Completed);
+    }
+    w.stop().await;
+    assert_eq!(ahead.x_starts.load(Ordering::SeqCst), common::ahead::AHEAD_ROUNDS as u32);
+}
+
 /// Catches: a run claimed ahead that is kept while no slot frees (it must be
 /// given back within about a second, without counting an attempt and without
 /// running user code, so that another worker starts it).

@@ -61,9 +61,25 @@ impl Ahead {
     }
 
     pub async fn engine(&self, opts: &PgConnectOptions) -> Engine {
+        self.engine_claiming_ahead(opts, 1).await
+    }
+
+    /// As [`Ahead::engine`], with `claim_ahead` set to `ahead`.
+    pub async fn engine_claiming_ahead(&self, opts: &PgConnectOptions, ahead: usize) -> Engine {
         let worker =
-            durastep::WorkerOptions { max_in_flight: 1, claim_ahead: 1, claim_batch: 2, ..super::fast_options() };
+            durastep::WorkerOptions { max_in_flight: 1, claim_ahead: ahead, claim_batch: 2, ..super::fast_options() };
         super::engine_with(opts, vec![self.function()], worker).await
+    }
+
+    /// One round of [`Ahead::claimed_ahead`]'s scenario: quick runs, then a
+    /// run that blocks the only slot, then `x`; returns (blocked, x) once the
+    /// blocking run has started.
+    pub async fn round(&self, engine: &Engine, round: usize) -> (Uuid, Uuid) {
+        engine.send_batch((0..100).map(|_| Event::new("ahead/go", &("quick", round))).collect()).await.unwrap();
+        let blocked = engine.send(Event::new("ahead/go", &("block", round))).await.unwrap().run_ids[0];
+        let x = engine.send(Event::new("ahead/go", &("x", round))).await.unwrap().run_ids[0];
+        self.reached[round].reached("the blocking run to start").await;
+        (blocked, x)
     }
 
     /// Drives the worker until it holds a run claimed ahead: its slots turn
@@ -74,10 +90,7 @@ impl Ahead {
     /// (claiming ahead would not work at all). Returns (round, blocked, x).
     pub async fn claimed_ahead(&self, engine: &Engine) -> (usize, Uuid, Uuid) {
         for round in 0..AHEAD_ROUNDS {
-            engine.send_batch((0..100).map(|_| Event::new("ahead/go", &("quick", round))).collect()).await.unwrap();
-            let blocked = engine.send(Event::new("ahead/go", &("block", round))).await.unwrap().run_ids[0];
-            let x = engine.send(Event::new("ahead/go", &("x", round))).await.unwrap().run_ids[0];
-            self.reached[round].reached("the blocking run to start").await;
+            let (blocked, x) = self.round(engine, round).await;
             let deadline = tokio::time::Instant::now() + Duration::from_millis(600);
             while tokio::time::Instant::now() < deadline {
                 if engine.run(x).await.unwrap().state == RunState::Running {
