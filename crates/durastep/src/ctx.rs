@@ -905,7 +905,7 @@ impl Ctx {
                     "send-event-before-insert",
                     Err(HandlerError::new("failpoint send-event-before-insert"))
                 );
-                let mut receipts = crate::engine::insert(conn, std::slice::from_ref(&prepared))
+                let (mut receipts, _) = crate::engine::insert(conn, std::slice::from_ref(&prepared))
                     .await
                     .map_err(|e| HandlerError::new(format!("send failed: {e}")))?;
                 Ok(receipts.remove(0))

@@ -63,6 +63,9 @@ pub(crate) struct EngineInner {
     /// Per event name, the (function, key pointer) pairs its data must carry for
     /// the flow control of functions registered here: checked before any SQL.
     pub key_checks: HashMap<String, Vec<(String, String)>>,
+    /// The workers running in this process (`run_worker`): a send through
+    /// this engine wakes them itself, before its NOTIFY reaches them.
+    pub local_workers: worker::LocalWorkers,
     /// The test kit's crash and failure injection, set by `testing::TestEngine`.
     #[cfg(feature = "testing")]
     pub probe: std::sync::OnceLock<Arc<crate::testing::Probe>>,
@@ -200,7 +203,14 @@ impl Engine {
         let prepared = self.prepare(&events)?;
         // One statement (`durastep.send_events`), its own transaction: one round trip, one commit.
         let mut conn = self.inner.pool.acquire().await.map_err(from_sqlx)?;
-        insert(&mut conn, &prepared).await
+        let (receipts, notified) = insert(&mut conn, &prepared).await?;
+        drop(conn);
+        if notified {
+            // Committed: the workers of this process claim now, without
+            // waiting for the NOTIFY to come back through their listener.
+            self.inner.local_workers.wake();
+        }
+        Ok(receipts)
     }
 
     /// Sends an event inside the caller's transaction: it is stored, and its runs
@@ -221,7 +231,9 @@ impl Engine {
     /// ```
     pub async fn send_in(&self, conn: &mut PgConnection, event: Event) -> Result<SendReceipt, Error> {
         let prepared = self.prepare(std::slice::from_ref(&event))?;
-        let mut receipts = insert(conn, &prepared).await?;
+        // Not committed yet: the workers learn of its runs from the NOTIFY,
+        // which Postgres delivers when (and only if) the caller commits.
+        let (mut receipts, _) = insert(conn, &prepared).await?;
         Ok(receipts.remove(0))
     }
 
@@ -378,13 +390,19 @@ impl Engine {
     }
 }
 
-/// Inserts events (topic locks, fan-out, cancel_on, waits: one statement).
-pub(crate) async fn insert(conn: &mut PgConnection, events: &[store::NewEvent]) -> Result<Vec<SendReceipt>, Error> {
-    let inserted = store::insert_events(conn, events).await.map_err(from_sqlx)?;
-    Ok(inserted
+/// Inserts events (topic locks, fan-out, cancel_on, waits: one statement);
+/// with whether the statement notified the workers.
+pub(crate) async fn insert(
+    conn: &mut PgConnection,
+    events: &[store::NewEvent],
+) -> Result<(Vec<SendReceipt>, bool), Error> {
+    let sent = store::insert_events(conn, events).await.map_err(from_sqlx)?;
+    let receipts = sent
+        .events
         .into_iter()
         .map(|i| SendReceipt { event_id: i.event_id, run_ids: i.run_ids, duplicate: i.duplicate })
-        .collect())
+        .collect();
+    Ok((receipts, sent.notified))
 }
 
 impl EngineBuilder {
@@ -536,6 +554,7 @@ impl EngineBuilder {
             worker: self.worker.clamped(),
             keyring: self.keyring.map(Arc::new),
             key_checks: prepared.key_checks,
+            local_workers: worker::LocalWorkers::default(),
             #[cfg(feature = "testing")]
             probe: std::sync::OnceLock::new(),
         }

@@ -150,6 +150,35 @@ fn lock(held: &HeldRuns) -> std::sync::MutexGuard<'_, HashMap<Uuid, Held>> {
 }
 
 /// Runs one worker until `shutdown` is cancelled.
+/// The wake-ups of the workers that run in this process, for the sends made
+/// through the same engine: a send that made a run due wakes them as soon as
+/// it has committed, instead of through the NOTIFY that Postgres delivers to
+/// their listener connection one hop later (which still comes, and still
+/// wakes the workers of other processes). The worker then claims as after any
+/// wake-up, in the queue's order: this saves the hop, it does not hand the run
+/// past the queue (docs/architecture.md "Waking the workers of the sender's
+/// process").
+#[derive(Default)]
+pub(crate) struct LocalWorkers(std::sync::Mutex<Vec<std::sync::Weak<Notify>>>);
+
+impl LocalWorkers {
+    /// Adds a worker's wake-up; it is forgotten once the worker has dropped it.
+    fn register(&self, wake: &Arc<Notify>) {
+        let mut workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        workers.retain(|w| w.strong_count() > 0);
+        workers.push(Arc::downgrade(wake));
+    }
+
+    /// Wakes every worker of this process (a wake-up while a worker claims
+    /// is kept for its next wait, as a NOTIFY's is).
+    pub(crate) fn wake(&self) {
+        let workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for wake in workers.iter().filter_map(std::sync::Weak::upgrade) {
+            wake.notify_one();
+        }
+    }
+}
+
 pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -> Result<(), Error> {
     let opts = engine.worker.clone();
     let worker_id = Uuid::new_v4();
@@ -163,6 +192,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         tracing::info!(functions = ?versions, "worker started");
         let held: HeldRuns = Arc::default();
         let wake = Arc::new(Notify::new());
+        engine.local_workers.register(&wake);
         let slot_freed = Arc::new(Turnover::default());
         let waiting_lost = Arc::new(Notify::new());
         let stop_background = CancellationToken::new();

@@ -211,3 +211,28 @@ async fn runs_and_events_get_time_ordered_ids(_p: PgPoolOptions, opts: PgConnect
     }
     assert!(first.event_id < second.event_id);
 }
+
+/// Catches: a worker in the sender's process that learns of a new run only
+/// from the NOTIFY (one hop later) or from its poll. Here it has no LISTEN at
+/// all and polls every 10 minutes, so only the engine's own wake-up can start
+/// the second run: it must finish long before the poll.
+#[sqlx::test(migrations = false)]
+async fn a_send_wakes_the_worker_of_its_own_process(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let echo = Function::new("echo").on_event("ping").handler(|_ctx: Ctx, v: Value| async move { Ok(v) });
+    let options =
+        durastep::WorkerOptions { listen: false, poll_interval: Duration::from_secs(600), ..common::fast_options() };
+    let engine = common::engine_with(&opts, vec![echo], options).await;
+    let w = common::spawn_worker(&engine);
+    let first = engine.send(Event::new("ping", &1)).await.unwrap().run_ids[0];
+    assert_eq!(common::finished(&engine, first).await.state, RunState::Completed);
+    // Let the worker find the queue empty and settle into its 10-minute wait
+    // (were it still claiming, the run below would start anyway: the test
+    // would then pass without exercising the wake-up, never fail).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = engine.send(Event::new("ping", &2)).await.unwrap().run_ids[0];
+    // Waits up to common::DEADLINE (15 s), far below the poll.
+    let run = common::finished(&engine, second).await;
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    assert_eq!(run.output, Some(json!(2)));
+    w.stop().await;
+}

@@ -15,6 +15,15 @@ pub(crate) struct NewEvent {
     pub priority: i32,
 }
 
+/// What one call of [`insert_events`] stored.
+pub(crate) struct Sent {
+    /// Per event, in input order.
+    pub events: Vec<InsertedEvent>,
+    /// The statement notified the workers (`durastep_wakeup`): a run it
+    /// created is due now, or a waiting run it matched is queued again.
+    pub notified: bool,
+}
+
 /// What an insert did for one event, in input order.
 pub(crate) struct InsertedEvent {
     pub event_id: Uuid,
@@ -32,7 +41,8 @@ pub(crate) struct InsertedEvent {
 /// nothing and reports the stored event and its runs. Each new event cancels
 /// the unfinished runs that a `cancel_on` of their function matches, and
 /// resumes the waits it matches. Notifies the workers once if any run is due
-/// now. Outside a transaction it is one round trip and one commit.
+/// now, and says so ([`Sent::notified`]). Outside a transaction it is one
+/// round trip and one commit.
 ///
 /// A run cancelled here (by `cancel_on` or a singleton's `CancelOld`) records
 /// this transaction in `cancelled_by_xact`: when that is the run's own
@@ -42,17 +52,14 @@ pub(crate) struct InsertedEvent {
 /// lease has lapsed ([`release_lapsed_cancels`]). Every event sent to a
 /// debounced function is recorded with its run (`debounced_events`), so that a
 /// duplicate of an event that was merged away still reports its run.
-pub(crate) async fn insert_events(
-    conn: &mut PgConnection,
-    events: &[NewEvent],
-) -> Result<Vec<InsertedEvent>, sqlx::Error> {
+pub(crate) async fn insert_events(conn: &mut PgConnection, events: &[NewEvent]) -> Result<Sent, sqlx::Error> {
     let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
     let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
     let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
     let keys: Vec<Option<&str>> = events.iter().map(|e| e.idempotency_key.as_deref()).collect();
     let starts: Vec<Option<DateTime<Utc>>> = events.iter().map(|e| e.start_at).collect();
     let priorities: Vec<i32> = events.iter().map(|e| e.priority).collect();
-    let rows = sqlx::query("SELECT ord, id, inserted, run_ids FROM durastep.send_events($1, $2, $3, $4, $5, $6)")
+    let rows = sqlx::query("SELECT ord, id, inserted, run_ids, _n FROM durastep.send_events($1, $2, $3, $4, $5, $6)")
         .bind(&ids)
         .bind(&names)
         .bind(&payloads)
@@ -62,6 +69,11 @@ pub(crate) async fn insert_events(
         .fetch_all(&mut *conn)
         .await?;
 
+    // `_n` is null-ness of the notify: false on every row when it was sent.
+    let notified = match rows.first() {
+        Some(row) => !row.try_get::<bool, _>("_n")?,
+        None => false,
+    };
     let mut out = Vec::with_capacity(rows.len());
     let mut duplicates = Vec::new();
     for (i, row) in rows.iter().enumerate() {
@@ -97,5 +109,5 @@ pub(crate) async fn insert_events(
             slot.run_ids = row.try_get("run_ids")?;
         }
     }
-    Ok(out)
+    Ok(Sent { events: out, notified })
 }
