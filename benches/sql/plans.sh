@@ -79,5 +79,5 @@ for name, sql, types, args in statements:
         out += ["BEGIN;"] + [f"EXECUTE {name}({args});"] * 12 + ["\\timing off", "ROLLBACK;"]
 open(sys.argv[1], "w").write("\n".join(out) + "\n")
 PY
-psql -d "$db" -q -f "$script" | grep -E 'plan_cache_mode|^Time' | sed 's/^Time: //' | paste -sd ' ' | sed 's/ \([a-z_]* plan_cache_mode\)/\n\1/g'
+psql -d "$db" -v ON_ERROR_STOP=1 -q -f "$script" | grep -E 'plan_cache_mode|^Time' | sed 's/^Time: //' | paste -sd ' ' | sed 's/ \([a-z_]* plan_cache_mode\)/\n\1/g'
 rm "$script"

@@ -6,18 +6,27 @@
 -- per claimed run, and the count of runs it parked, skipped, woke or expired
 -- (`moved`; a row with a null id when it claimed none).
 --
+-- The array parameters and the limit, read only through this CTE: a custom
+-- plan cannot see the arrays' lengths here, so it costs what the generic plan
+-- costs and Postgres keeps the generic one after five executions. Read
+-- directly, a custom plan saw one function where the generic plan assumed
+-- ten, always looked cheaper, and the statement was planned again on every
+-- execution (1-1.5 ms per claim here with other functions' runs queued:
+-- `benches/sql/plans.sh`, docs/performance.md "The send's plan").
+WITH p AS MATERIALIZED (
+    SELECT $1::text[] AS functions, $2::bigint AS n, $6::text[] AS version_ids, $7::int[] AS versions),
 -- The due candidates, in priority then due order, skipping rows others hold.
-WITH cand AS MATERIALIZED (
+cand AS MATERIALIZED (
     SELECT id, function_id, event_id, priority, run_at,
            (started_at IS NULL AND start_by < durastep.now()) AS late,
            (deadline_at < durastep.now()) AS overdue
       FROM durastep.runs
      WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
-       AND function_id = ANY ($1)
+       AND function_id = ANY ((SELECT p.functions FROM p)::text[])
        -- Versions: only runs of a (function, version) this worker has a handler for.
-       AND (function_id, version) IN (SELECT * FROM unnest($6::text[], $7::int[]))
+       AND (function_id, version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
      ORDER BY priority DESC, run_at
-     LIMIT $2
+     LIMIT (SELECT p.n FROM p)
      FOR UPDATE SKIP LOCKED),
 -- Candidates past their start or finish deadline are cancelled, not started.
 expired AS (
