@@ -1,8 +1,8 @@
 //! Plans: the claims keep one generic plan per connection instead of being
 //! planned again on every execution (docs/performance.md "The send's plan").
 //! Each claim statement runs on one connection, as the worker prepares it,
-//! in a database where another function has thousands of runs queued (in
-//! empty tables custom and generic plans cost alike, which hides the fault);
+//! and claims runs from a backlog (in empty tables custom and generic plans
+//! cost alike, which hides the fault);
 //! Postgres then says how often it planned it for the values
 //! (`pg_prepared_statements.custom_plans`).
 mod common;
@@ -14,13 +14,15 @@ use sqlx::{Connection, PgConnection};
 
 const EXECUTIONS: i64 = 12;
 
-/// Runs `sql` (a claim of function `f`, which has no runs, so it claims
-/// nothing) `EXECUTIONS` times on one connection and returns the number of
-/// custom and generic plans Postgres made for it.
+/// Runs `sql` (a claim of 1 to 32 runs of function `f`) `EXECUTIONS` times
+/// on one connection and returns the number of custom and generic plans
+/// Postgres made for it.
 async fn plans_of(conn: &mut PgConnection, sql: &'static str, full: bool) -> (i64, i64) {
     let worker = uuid::Uuid::new_v4();
-    for _ in 0..EXECUTIONS {
-        let mut q = sqlx::query(sql).bind(vec!["f"]).bind(32i64).bind(30.0f64).bind(worker);
+    for i in 0..EXECUTIONS {
+        // A worker asks for as many runs as it has room for: 1 to 32.
+        let limit = 1 + (i * 7) % 32;
+        let mut q = sqlx::query(sql).bind(vec!["f"]).bind(limit).bind(30.0f64).bind(worker);
         if full {
             q = q.bind(1.0f64);
         }
@@ -36,15 +38,23 @@ async fn plans_of(conn: &mut PgConnection, sql: &'static str, full: bool) -> (i6
     .expect("the claim's prepared statement")
 }
 
-/// Catches: a claim statement that reads its array parameters directly, so
-/// that its custom plans (which see one function where the generic plan
-/// assumes ten) always look cheaper and every claim is planned again (1-1.5 ms
-/// per full claim here). Postgres makes five custom plans before it compares.
+/// Catches: a claim statement that reads its parameters directly, so that its
+/// custom plans (which see the function with its backlog, the limit and the
+/// lease where the generic plan assumes defaults) always look cheaper and
+/// every claim is planned again: before 2026-12-03 the fast claim was
+/// planned 12 times of 12 here, and so was the full claim
+/// (1-1.5 ms per full claim). Postgres makes five custom plans before it
+/// compares.
 #[sqlx::test(migrations = false)]
 async fn the_claims_keep_a_generic_plan(_p: PgPoolOptions, opts: PgConnectOptions) {
-    let other = Function::new("other").on_event("seed").handler(|_ctx: Ctx, v: Value| async move { Ok(v) });
-    let engine = common::engine(&opts, vec![other]).await;
-    let seed: Vec<Event> = (0..4000).map(|i| Event::new("seed", &i)).collect();
+    let handler = |_ctx: Ctx, v: Value| async move { Ok(v) };
+    let other = Function::new("other").on_event("seed").handler(handler);
+    let claimed = Function::new("f").on_event("go").handler(handler);
+    let engine = common::engine(&opts, vec![other, claimed]).await;
+    // A backlog: 4,000 runs of `f` (the busy case, where a custom plan of the
+    // old fast claim looked cheapest) and 4,000 of another function.
+    let seed: Vec<Event> =
+        (0..4000).map(|i| Event::new("seed", &i)).chain((0..4000).map(|i| Event::new("go", &i))).collect();
     for chunk in seed.chunks(1000) {
         engine.send_batch(chunk.to_vec()).await.expect("seed runs");
     }

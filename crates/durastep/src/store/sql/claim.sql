@@ -6,15 +6,16 @@
 -- per claimed run, and the count of runs it parked, skipped, woke or expired
 -- (`moved`; a row with a null id when it claimed none).
 --
--- The array parameters and the limit, read only through this CTE: a custom
--- plan cannot see the arrays' lengths here, so it costs what the generic plan
--- costs and Postgres keeps the generic one after five executions. Read
--- directly, a custom plan saw one function where the generic plan assumed
--- ten, always looked cheaper, and the statement was planned again on every
--- execution (1-1.5 ms per claim here with other functions' runs queued:
--- `benches/sql/plans.sh`, docs/performance.md "The send's plan").
+-- Every parameter, read only through this CTE: a custom plan cannot see one,
+-- so it costs exactly what the generic plan costs and Postgres keeps the
+-- generic one after five executions. Read directly, a custom plan saw one
+-- function where the generic plan assumed ten, always looked cheaper, and
+-- the statement was planned again on every execution (1-1.5 ms per claim here
+-- with other functions' runs queued: `benches/sql/plans.sh`,
+-- docs/performance.md "Plans kept").
 WITH p AS MATERIALIZED (
-    SELECT $1::text[] AS functions, $2::bigint AS n, $6::text[] AS version_ids, $7::int[] AS versions),
+    SELECT $1::text[] AS functions, $2::bigint AS n, make_interval(secs => $3) AS lease, $4::uuid AS worker,
+           make_interval(secs => $5) AS recheck, $6::text[] AS version_ids, $7::int[] AS versions),
 -- The due candidates, in priority then due order, skipping rows others hold.
 cand AS MATERIALIZED (
     SELECT id, function_id, event_id, priority, run_at,
@@ -109,7 +110,7 @@ skip AS MATERIALIZED (
 refused AS MATERIALIZED (
     SELECT j.id, j.rule, j.key, j.kind,
            CASE j.kind
-             WHEN 'concurrency' THEN t.now + make_interval(secs => $5)
+             WHEN 'concurrency' THEN t.now + (SELECT p.recheck FROM p)
              WHEN 'throttle' THEN greatest(
                   j.base + make_interval(secs => (j.rn - 1 - j.burst) * j.emit_s),
                   coalesce(j.horizon, '-infinity'::timestamptz)
@@ -148,8 +149,8 @@ counted AS (
 claimed AS (
     UPDATE durastep.runs r
        SET state = 'running', lease_epoch = r.lease_epoch + 1,
-           lease_expires_at = durastep.now() + make_interval(secs => $3),
-           worker_id = $4, started_at = coalesce(r.started_at, durastep.now()),
+           lease_expires_at = durastep.now() + (SELECT p.lease FROM p),
+           worker_id = (SELECT p.worker FROM p), started_at = coalesce(r.started_at, durastep.now()),
            park_rule = NULL, park_key = NULL, history_noted = NOT r.history_noted,
            flow_held = (SELECT jsonb_agg(jsonb_build_array(j.rule, j.key)) FROM judged j
                          WHERE j.id = r.id AND j.kind = 'concurrency')
@@ -168,7 +169,7 @@ claimed AS (
 -- rows whose `history_noted` flipped (migration 0020).
 claimed_history AS (
     INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
-    SELECT c.id, c.db_now, 'running', c.attempt, c.lease_epoch, $4 FROM claimed c),
+    SELECT c.id, c.db_now, 'running', c.attempt, c.lease_epoch, (SELECT p.worker FROM p) FROM claimed c),
 -- Refused runs parked until their next possible start.
 parked AS (
     UPDATE durastep.runs r SET state = 'queued', run_at = p.run_at, park_rule = p.rule, park_key = p.key

@@ -4,8 +4,7 @@
 -- version) pairs the worker has a handler for (a run started under another
 -- version is left to a worker that has one).
 --
--- Written for a generic plan (the worker runs it with the same shape every
--- time, so Postgres plans it once per connection): the candidates are an
+-- Written for a generic plan (Postgres plans it once per connection): the candidates are an
 -- array built by a sub-select that walks `runs_due` in priority then due
 -- order and stops at the limit, and the UPDATE finds its rows by `id = ANY`.
 -- The clock is read once (an InitPlan), not per row.
@@ -20,32 +19,41 @@
 -- The claim writes its runs' history rows itself (the `runs_history` trigger
 -- stays quiet for rows whose `history_noted` flipped: migration 0020).
 --
+-- Every parameter, read only through this CTE, so that a custom plan cannot
+-- see one and costs exactly what the generic plan costs (Postgres then keeps
+-- the generic plan after five executions): read directly, a custom plan
+-- looked a little cheaper (the lease's interval folded into a constant, the
+-- arrays' lengths known), and a worker's claims were planned again on every
+-- execution (`tests/plans.rs`).
+WITH p AS MATERIALIZED (
+    SELECT $1::text[] AS functions, $2::bigint AS n, make_interval(secs => $3) AS lease, $4::uuid AS worker,
+           $5::text[] AS version_ids, $6::int[] AS versions),
 -- The clock, read once.
-WITH t AS MATERIALIZED (SELECT durastep.now() AS now),
+t AS MATERIALIZED (SELECT durastep.now() AS now),
 -- The due runs, under a new lease epoch.
 claimed AS (
     UPDATE durastep.runs r
        SET state = 'running', lease_epoch = r.lease_epoch + 1,
-           lease_expires_at = (SELECT now FROM t) + make_interval(secs => $3),
-           worker_id = $4, started_at = coalesce(r.started_at, (SELECT now FROM t)),
+           lease_expires_at = (SELECT now FROM t) + (SELECT p.lease FROM p),
+           worker_id = (SELECT p.worker FROM p), started_at = coalesce(r.started_at, (SELECT now FROM t)),
            park_rule = NULL, park_key = NULL, flow_held = NULL, history_noted = NOT r.history_noted
      WHERE r.id = ANY (ARRAY(
             SELECT c.id FROM durastep.runs c
              WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
-               AND c.function_id = ANY ($1)
-               AND (c.function_id, c.version) IN (SELECT * FROM unnest($5::text[], $6::int[]))
+               AND c.function_id = ANY ((SELECT p.functions FROM p)::text[])
+               AND (c.function_id, c.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
                AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id)
                AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))
                AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t))
              ORDER BY c.priority DESC, c.run_at
-             LIMIT $2
+             LIMIT (SELECT p.n FROM p)
              FOR UPDATE OF c SKIP LOCKED))
     RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch, r.parent_run_id, r.parent_step_key,
               r.priority, r.run_at),
 -- Their history rows.
 h AS (
     INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
-    SELECT c.id, (SELECT now FROM t), 'running', c.attempt, c.lease_epoch, $4 FROM claimed c)
+    SELECT c.id, (SELECT now FROM t), 'running', c.attempt, c.lease_epoch, (SELECT p.worker FROM p) FROM claimed c)
 -- Each claimed run with its input, steps and journal.
 SELECT r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch,
           (SELECT e.payload FROM durastep.events e WHERE e.id = r.event_id) AS payload,
