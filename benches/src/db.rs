@@ -3,7 +3,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 
 /// The server to benchmark: `DATABASE_URL`, or the local default.
@@ -78,7 +78,8 @@ impl BenchDb {
 
     /// A pool of `n` connections on this database.
     pub async fn pool(&self, n: u32) -> PgPool {
-        PgPoolOptions::new()
+        // As the engine's own pools: no ping before every statement.
+        durastep::pool_options()
             .max_connections(n)
             .min_connections(n)
             .acquire_timeout(Duration::from_secs(30))

@@ -176,7 +176,7 @@ mod worker;
 pub use codec::{CodecError, Keyring};
 pub use ctx::{ChildError, Ctx, EventMatch, Invoke, StepOptions, TxBody, TxFuture, WaitFor};
 pub use deploy::{DeployReport, DivergenceGroup, ReplayProblem, UnhandledVersion};
-pub use engine::{AppliedMigration, Engine, EngineBuilder, Run, RunState, migrate};
+pub use engine::{AppliedMigration, Engine, EngineBuilder, IDLE_PING_AFTER, Run, RunState, migrate, pool_options};
 pub use error::Error;
 pub use event::{Event, SendReceipt};
 pub use failure::{HandlerError, HandlerResult};

@@ -128,3 +128,19 @@ async fn engines_starting_at_once_migrate_once(
     let shipped = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations")).unwrap().count() as i64;
     assert_eq!(applied, shipped);
 }
+
+/// Catches: pool options that hand out a connection the server has closed
+/// while it sat idle (the ping before each statement is gone: a connection
+/// idle for `IDLE_PING_AFTER` is still pinged and replaced when dead).
+#[sqlx::test(migrations = false)]
+async fn a_connection_closed_while_idle_is_replaced_before_use(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = durastep::pool_options().max_connections(1).connect_with(opts.clone()).await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&pool).await.unwrap();
+    let plain = PgPoolOptions::new().max_connections(1).connect_with(opts).await.unwrap();
+    let ended: bool =
+        sqlx::query_scalar("SELECT pg_terminate_backend($1, 5000)").bind(pid).fetch_one(&plain).await.unwrap();
+    assert!(ended, "the pool's connection was not terminated");
+    tokio::time::sleep(durastep::IDLE_PING_AFTER + std::time::Duration::from_millis(100)).await;
+    let now: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&pool).await.expect("a fresh connection");
+    assert_ne!(now, pid, "the statement ran on the closed connection");
+}
