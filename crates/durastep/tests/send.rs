@@ -236,3 +236,77 @@ async fn a_send_wakes_the_worker_of_its_own_process(_p: PgPoolOptions, opts: PgC
     assert_eq!(run.output, Some(json!(2)));
     w.stop().await;
 }
+
+/// How many calls of `durastep.send_events_full` (the fan-out with debounce,
+/// singletons, `cancel_on` and waits) the session has counted and not yet
+/// reported (`pg_stat_xact_user_functions`: at least the current
+/// transaction's): compare before and after a send.
+async fn full_sends(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions
+          WHERE schemaname = 'durastep' AND funcname = 'send_events_full'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// Catches: a send of a plain event that pays for the full fan-out statement
+/// (twice the lean one, migration 0023), and a send that needs it (a
+/// debounced function, a wait for the name) taking the lean branch instead.
+/// The function-call counts of the current transaction say which ran.
+#[sqlx::test(migrations = false)]
+async fn a_plain_send_takes_the_lean_branch_and_the_others_the_full_one(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let echo = |_ctx: Ctx, v: Value| async move { Ok(v) };
+    let functions = vec![
+        Function::new("plain").on_event("plain").handler(echo),
+        Function::new("merged")
+            .on_event("merged")
+            .debounce(durastep::Debounce::new(Duration::from_secs(60)))
+            .handler(echo),
+        Function::new("waiter").on_event("start").handler(|ctx: Ctx, _: Value| async move {
+            let got: Option<Value> = ctx
+                .wait_for_event("reply", durastep::WaitFor::event("reply").timeout(Duration::from_secs(3600)))
+                .await?;
+            Ok(got)
+        }),
+    ];
+    let engine = common::engine(&opts, functions).await;
+    // Topic rows exist once a name has been sent (or waited for).
+    for name in ["plain", "merged", "reply"] {
+        engine.send(Event::new(name, &0)).await.unwrap();
+    }
+    // Whether `name`'s send in `tx` took the full fan-out.
+    async fn took_full(tx: &mut sqlx::PgConnection, name: &'static str) -> (bool, usize) {
+        let before = full_sends(tx).await;
+        let runs: Vec<uuid::Uuid> = sqlx::query_scalar(
+            "SELECT run_ids FROM durastep.send_events(ARRAY[gen_random_uuid()], ARRAY[$1], ARRAY['1'],
+                                                       ARRAY[NULL]::text[], ARRAY[NULL]::timestamptz[], ARRAY[0])",
+        )
+        .bind(name)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        (full_sends(tx).await > before, runs.len())
+    }
+    let mut tx = engine.pool().begin().await.unwrap();
+    sqlx::query("SET LOCAL track_functions = 'pl'").execute(&mut *tx).await.unwrap();
+    assert_eq!(took_full(&mut tx, "plain").await, (false, 1), "a plain send took the full fan-out");
+    assert_eq!(took_full(&mut tx, "merged").await, (true, 1), "a debounced send took the lean branch");
+    assert_eq!(took_full(&mut tx, "reply").await, (false, 0), "no wait for `reply` yet: the lean branch");
+    tx.rollback().await.unwrap();
+
+    // Once a run waits for `reply`, a send of it resumes the wait: the full fan-out.
+    let w = common::spawn_worker(&engine);
+    let waiter = engine.send(Event::new("start", &0)).await.unwrap().run_ids[0];
+    common::wait_for_run_where(&engine, waiter, "the run to wait", |r| r.state == RunState::Waiting).await;
+    w.stop().await;
+    let mut tx = engine.pool().begin().await.unwrap();
+    sqlx::query("SET LOCAL track_functions = 'pl'").execute(&mut *tx).await.unwrap();
+    assert_eq!(took_full(&mut tx, "reply").await, (true, 0), "a send with a wait for its name took the lean branch");
+    tx.commit().await.unwrap();
+    let w = common::spawn_worker(&engine);
+    let run = common::finished(&engine, waiter).await;
+    w.stop().await;
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+}
