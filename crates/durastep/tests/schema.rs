@@ -43,6 +43,27 @@ fn definitions(sql: &str, kind: &str) -> Vec<(String, usize)> {
     out
 }
 
+/// Every `ALTER FUNCTION durastep.<old>(...) RENAME TO <new>` in `sql`: (old,
+/// new, offset of the statement).
+fn renames(sql: &str) -> Vec<(String, String, usize)> {
+    let lower = sql.to_lowercase();
+    let head = "alter function durastep.";
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = lower[from..].find(head) {
+        let at = from + i;
+        let start = at + head.len();
+        let end = start + lower[start..].find(';').expect("the end of ALTER FUNCTION");
+        let len = sql[start..].find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(0);
+        if let Some(to) = lower[start..end].find("rename to ") {
+            let new = sql[start + to + "rename to ".len()..end].trim();
+            out.push((sql[start..start + len].to_owned(), new.to_owned(), at));
+        }
+        from = end;
+    }
+    out
+}
+
 /// A function's body: the text between its dollar-quote markers (`$$` or `$tag$`).
 fn dollar_body(sql: &str, from: usize) -> String {
     let open = from + sql[from..].find('$').expect("a dollar-quoted body");
@@ -128,8 +149,21 @@ async fn drift(pool: &PgPool) -> Vec<String> {
     let mut functions: BTreeMap<String, (String, String)> = BTreeMap::new();
     let mut views: BTreeMap<String, (String, String)> = BTreeMap::new();
     for (file, sql) in migrations() {
-        for (name, at) in definitions(&sql, "function") {
-            functions.insert(name, (file.clone(), dollar_body(&sql, at)));
+        // Definitions and renames in the order the migration runs them.
+        let mut steps: Vec<(usize, Option<String>, String)> =
+            definitions(&sql, "function").into_iter().map(|(name, at)| (at, None, name)).collect();
+        steps.extend(renames(&sql).into_iter().map(|(old, new, at)| (at, Some(old), new)));
+        steps.sort();
+        for (at, renamed_from, name) in steps {
+            match renamed_from {
+                None => {
+                    functions.insert(name, (file.clone(), dollar_body(&sql, at)));
+                }
+                Some(old) => {
+                    let defined = functions.remove(&old).expect("a rename of a defined function");
+                    functions.insert(name, defined);
+                }
+            }
         }
         for (name, at) in definitions(&sql, "view") {
             views.insert(name, (file.clone(), view_query(&sql, at)));
@@ -206,5 +240,7 @@ fn definitions_are_found_with_their_bodies() {
     assert_eq!(dollar_body(sql, f[0].1), " SELECT 1; ");
     let v = definitions(sql, "view");
     assert_eq!(v[0].0, "v");
+    let r = renames("ALTER FUNCTION durastep.f(int)\n    RENAME TO g;\nALTER FUNCTION durastep.h(int) OWNER TO x;");
+    assert_eq!(r, vec![("f".to_owned(), "g".to_owned(), 0)]);
     assert_eq!(view_query(sql, v[0].1), " SELECT (1) AS x -- a comment; with a semicolon\n FROM t WHERE y = ';'");
 }
