@@ -6,7 +6,7 @@
 -- pgbench on this repository's development machine, one event per call,
 -- rolled back (so without the commit): 0.8-1.1 ms per call with the generic
 -- plan against 3.5-4.3 ms with a plan per call, under the same load
--- (docs/performance.md "The send's plan"). A batch of 500 events costs the
+-- (docs/performance.md "Plans kept"). A batch of 500 events costs the
 -- same either way. The setting is the function's own: no session setting of
 -- the user's pool is needed or changed.
 ALTER FUNCTION durastep.send_events(uuid[], text[], text[], text[], timestamptz[], integer[])

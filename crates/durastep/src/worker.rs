@@ -149,7 +149,6 @@ fn lock(held: &HeldRuns) -> std::sync::MutexGuard<'_, HashMap<Uuid, Held>> {
     held.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Runs one worker until `shutdown` is cancelled.
 /// The wake-ups of the workers that run in this process, for the sends made
 /// through the same engine: a send that made a run due wakes them as soon as
 /// it has committed, instead of through the NOTIFY that Postgres delivers to
@@ -179,6 +178,7 @@ impl LocalWorkers {
     }
 }
 
+/// Runs one worker until `shutdown` is cancelled.
 pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -> Result<(), Error> {
     let opts = engine.worker.clone();
     let worker_id = Uuid::new_v4();

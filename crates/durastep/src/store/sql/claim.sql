@@ -12,7 +12,7 @@
 -- function where the generic plan assumed ten, always looked cheaper, and
 -- the statement was planned again on every execution (1-1.5 ms per claim here
 -- with other functions' runs queued: `benches/sql/plans.sh`,
--- docs/performance.md "Plans kept").
+-- docs/performance.md "Plans kept, the ping before each statement").
 WITH p AS MATERIALIZED (
     SELECT $1::text[] AS functions, $2::bigint AS n, make_interval(secs => $3) AS lease, $4::uuid AS worker,
            make_interval(secs => $5) AS recheck, $6::text[] AS version_ids, $7::int[] AS versions),
