@@ -305,9 +305,18 @@ impl Ctx {
             .map_err(|e| KeyError::Refused(HandlerError::permanent(e.to_string())))?;
         let key = {
             let mut counters = self.inner.counters.lock().unwrap_or_else(|p| p.into_inner());
-            let n = counters.entry(name.to_owned()).or_insert(0);
-            *n += 1;
-            if *n == 1 { name.to_owned() } else { format!("{name}#{n}") }
+            // Looked up before inserting: a replay calls the same names
+            // thousands of times, and `entry` would copy the name each time.
+            match counters.get_mut(name) {
+                Some(n) => {
+                    *n += 1;
+                    format!("{name}#{n}")
+                }
+                None => {
+                    counters.insert(name.to_owned(), 1);
+                    name.to_owned()
+                }
+            }
         };
         {
             let stored = self.inner.stored.lock().unwrap_or_else(|p| p.into_inner());
@@ -465,6 +474,11 @@ impl Ctx {
 
     /// Opens (when sealed) and decodes a stored step result.
     fn open<T: DeserializeOwned>(&self, key: &str, value: Value) -> HandlerResult<T> {
+        if self.inner.keyring.is_none() && !value.is_object() {
+            // Neither sealed nor escaped (both are objects), and no keyring to
+            // refuse plaintext: what `codec::open_value` would return.
+            return decode(key, value);
+        }
         let place = Place::step(Kind::Step, self.inner.run_id, key);
         let value = codec::open_value(self.inner.keyring.as_deref(), &place, value)
             .map_err(|e| HandlerError::permanent(format!("step {key}: stored output cannot be opened: {e}")))?;

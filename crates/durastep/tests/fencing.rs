@@ -89,12 +89,13 @@ async fn stale_attempt_cannot_store_a_step_result(_p: PgPoolOptions, opts: PgCon
     assert_eq!(p.logged(), ["one@1", "two@1", "two@2", "three@2"]);
     let rows: Vec<(String, serde_json::Value, i64)> =
         step_rows(&engine, id).await.into_iter().map(|r| (r.key, r.output, r.lease_epoch)).collect();
+    let claims = common::claim_epochs(&engine, id).await;
     assert_eq!(
         rows,
         [
-            ("one".to_owned(), json!(1), 1),
-            ("three".to_owned(), json!(null), 2),
-            ("two".to_owned(), json!("two by attempt 2"), 2),
+            ("one".to_owned(), json!(1), claims[0]),
+            ("three".to_owned(), json!(null), claims[1]),
+            ("two".to_owned(), json!("two by attempt 2"), claims[1]),
         ]
     );
 }
@@ -176,7 +177,7 @@ async fn stale_attempt_cannot_end_the_run(opts: PgConnectOptions, ending: StaleE
     assert_eq!(run.attempt, 2, "{run:?}");
     assert_eq!(run.output, None, "{run:?}");
     assert!(run.last_error.as_deref().unwrap_or("").contains("lease expired"), "{run:?}");
-    assert_eq!(lease_of(&engine, id).await.0, 2);
+    assert_eq!(lease_of(&engine, id).await.0, common::claim_epochs(&engine, id).await[1], "attempt 2's claim");
     assert_eq!(step_row(&engine, id, "nap").await, None, "the stale attempt stored its sleep, wait, invoke or send");
     assert_eq!(count(&engine, "durastep.waits").await, 0, "the stale attempt recorded a wait");
     assert_eq!(count(&engine, "durastep.runs WHERE parent_run_id IS NOT NULL").await, 0, "the stale attempt invoked");
@@ -277,4 +278,96 @@ async fn stale_attempt_cannot_release_the_run(_p: PgPoolOptions, opts: PgConnect
     assert_eq!((run.state, run.attempt), (RunState::Completed, 2), "{run:?}");
     assert_eq!(run.output, Some(json!("by attempt 2")));
     assert_eq!(p.logged(), ["released@2"]);
+}
+
+/// A claim lost in a database crash (the fast claim commits asynchronously)
+/// and made again must set another lease epoch, or the first attempt, still
+/// running in its worker, would write under the second claim's fence. The
+/// loss is reproduced by putting the run row back as it was before the claim
+/// (a crash that lost the claim's commit leaves exactly that: the first
+/// attempt had not made anything durable, since any synchronous commit after
+/// the claim flushes the claim too). Catches: claims that bump the epoch by
+/// a fixed step (the second claim would set the same epoch as the lost one).
+#[sqlx::test(migrations = false)]
+async fn a_claim_lost_and_made_again_fences_out_the_first_attempt(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let entries = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let h = Arc::new(Handoff::default());
+    let make = || {
+        let (entries, h) = (entries.clone(), h.clone());
+        Function::new("lost-claim").on_event("go").handler(move |ctx: Ctx, _: ()| {
+            let (entries, h) = (entries.clone(), h.clone());
+            async move {
+                // Entry 1 is the lost claim's attempt, entry 2 the new claim's (both attempt 1).
+                let entry = entries.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                let _dropped = h.drop_guard(entry);
+                h.hold(entry).await;
+                ctx.step("one", || async move { Ok(format!("by entry {entry}")) }).await
+            }
+        })
+    };
+    let engine_a = common::engine_with(&opts, vec![make()], common::stalling_options()).await;
+    let id = engine_a.send(Event::new("go", &())).await.expect("send").run_ids[0];
+    let wa = common::spawn_worker(&engine_a);
+    h.a_entered.reached("the first attempt to reach its gate").await;
+    let (lost_epoch, _) = lease_of(&engine_a, id).await;
+
+    // The crash loses the claim: the row as it was before it, its history row gone.
+    sqlx::query(
+        "WITH h AS (DELETE FROM durastep.run_history WHERE run_id = $1 AND state = 'running')
+         UPDATE durastep.runs SET state = 'queued', lease_epoch = 0, worker_id = NULL, lease_expires_at = NULL,
+                started_at = NULL, history_noted = NOT history_noted, run_at = durastep.now()
+          WHERE id = $1 AND lease_epoch = $2",
+    )
+    .bind(id)
+    .bind(lost_epoch)
+    .execute(engine_a.pool())
+    .await
+    .expect("undo the claim");
+
+    let engine_b = common::engine(&opts, vec![make()]).await;
+    let wb = common::spawn_worker(&engine_b);
+    h.b_entered.reached("the second attempt to reach its gate").await;
+    let (epoch, _) = lease_of(&engine_b, id).await;
+    assert_ne!(epoch, lost_epoch, "the new claim set the lost claim's epoch again");
+
+    release_stale(&h, wa).await;
+    assert_eq!(step_row(&engine_b, id, "one").await, None, "the lost claim's attempt stored a step result");
+    h.b_gate.open();
+    let run = common::finished(&engine_b, id).await;
+    wb.stop().await;
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    assert_eq!(run.output, Some(json!("by entry 2")));
+    let row = step_row(&engine_b, id, "one").await.expect("stored");
+    assert_eq!((row.output, row.lease_epoch), (json!("by entry 2"), epoch));
+}
+
+/// The fast claim commits without waiting for its WAL flush, and only that
+/// transaction: the setting is local to it. Catches: the claim losing its
+/// `set_config`, or setting it for the whole session (every later statement
+/// on the pooled connection would then commit asynchronously).
+#[sqlx::test(migrations = false)]
+async fn the_fast_claim_alone_commits_asynchronously(_p: PgPoolOptions, opts: PgConnectOptions) {
+    use sqlx::Connection;
+    let engine =
+        common::engine(&opts, vec![Function::new("f").on_event("go").handler(|_: Ctx, _: ()| async { Ok(()) })]).await;
+    engine.send(Event::new("go", &())).await.expect("send");
+    let mut conn = sqlx::PgConnection::connect_with(&opts).await.expect("connect");
+    let mut tx = conn.begin().await.expect("begin");
+    // The engine's own statement, as the worker binds it.
+    let claimed = sqlx::query(include_str!("../src/store/sql/claim_fast.sql"))
+        .bind(vec!["f"])
+        .bind(1_i64)
+        .bind(60.0_f64)
+        .bind(uuid::Uuid::new_v4())
+        .bind(vec!["f"])
+        .bind(vec![0_i32])
+        .fetch_all(&mut *tx)
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 1, "the claim took the run");
+    let inside: String = sqlx::query_scalar("SHOW synchronous_commit").fetch_one(&mut *tx).await.unwrap();
+    tx.commit().await.expect("commit");
+    let after: String = sqlx::query_scalar("SHOW synchronous_commit").fetch_one(&mut conn).await.unwrap();
+    assert_eq!((inside.as_str(), after.as_str()), ("off", "on"));
 }

@@ -9,7 +9,7 @@ use serde_json::Value;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
-use super::{journal_of, secs};
+use super::{journal_of, secs, steps_of};
 use crate::journal::JournalEntry;
 
 /// The right to write on behalf of one attempt: a run id and the lease epoch
@@ -171,11 +171,6 @@ fn claimed_runs(rows: Vec<sqlx::postgres::PgRow>) -> Result<(Vec<ClaimedRun>, i6
         let Some(id) = row.try_get::<Option<Uuid>, _>("id")? else {
             continue;
         };
-        let steps: Value = row.try_get("steps")?;
-        let steps = match steps {
-            Value::Object(map) => map.into_iter().collect(),
-            _ => HashMap::new(),
-        };
         claimed.push(ClaimedRun {
             id,
             function_id: row.try_get("function_id")?,
@@ -184,7 +179,7 @@ fn claimed_runs(rows: Vec<sqlx::postgres::PgRow>) -> Result<(Vec<ClaimedRun>, i6
             attempt: row.try_get("attempt")?,
             fence: Fence { run_id: id, epoch: row.try_get("lease_epoch")? },
             payload: row.try_get("payload")?,
-            steps,
+            steps: steps_of(&row)?,
             journal: journal_of(&row)?,
             parent: row
                 .try_get::<Option<Uuid>, _>("parent_run_id")?

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use std::time::Duration;
 
-use super::{journal_of, secs};
+use super::{journal_of, secs, steps_of};
 use crate::RunState;
 use crate::journal::JournalEntry;
 
@@ -433,14 +433,7 @@ pub(crate) async fn unfinished_runs(
 ) -> Result<Vec<ReplayRun>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT r.id, r.function_id, r.version, r.event_id, r.attempt, e.payload,
-                (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
-                   FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
-                ARRAY(SELECT j.position FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position)
-                  AS journal_positions,
-                ARRAY(SELECT j.kind FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position)
-                  AS journal_kinds,
-                ARRAY(SELECT j.step_key FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position)
-                  AS journal_keys
+                st.step_keys, st.step_outputs, jr.journal_positions, jr.journal_kinds, jr.journal_keys
            FROM (
                -- The page's ids first, one branch per partial index (a single
                -- `state IN (...)` over all five is a seq scan of the table).
@@ -454,6 +447,16 @@ pub(crate) async fn unfinished_runs(
                 ORDER BY u.id LIMIT $3) page
            JOIN durastep.runs r ON r.id = page.id
            JOIN durastep.events e ON e.id = r.event_id
+           -- Steps and journal as the claims load them (store/sql/claim_fast.sql).
+           CROSS JOIN LATERAL (
+               SELECT coalesce(array_agg(s.step_key), '{}') AS step_keys,
+                      coalesce(array_agg(s.output), '{}') AS step_outputs
+                 FROM durastep.step_results s WHERE s.run_id = r.id) st
+           CROSS JOIN LATERAL (
+               SELECT coalesce(array_agg(j.position), '{}') AS journal_positions,
+                      coalesce(array_agg(j.kind), '{}') AS journal_kinds,
+                      coalesce(array_agg(j.step_key), '{}') AS journal_keys
+                 FROM durastep.step_journal j WHERE j.run_id = r.id) jr
           ORDER BY r.id",
     )
     .bind(functions)
@@ -463,7 +466,6 @@ pub(crate) async fn unfinished_runs(
     .await?;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
-        let steps: Value = row.try_get("steps")?;
         out.push(ReplayRun {
             id: row.try_get("id")?,
             function_id: row.try_get("function_id")?,
@@ -471,10 +473,7 @@ pub(crate) async fn unfinished_runs(
             event_id: row.try_get("event_id")?,
             attempt: row.try_get("attempt")?,
             payload: row.try_get("payload")?,
-            steps: match steps {
-                Value::Object(map) => map.into_iter().collect(),
-                _ => HashMap::new(),
-            },
+            steps: steps_of(&row)?,
             journal: journal_of(&row)?,
         });
     }

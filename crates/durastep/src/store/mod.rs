@@ -12,7 +12,7 @@
 //! run rows lock them in id order, and the claim and the reaper skip locked rows,
 //! so the engine's own statements cannot deadlock one another.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -108,6 +108,17 @@ pub(crate) async fn load_step(conn: &mut PgConnection, run_id: Uuid, key: &str) 
         .bind(key)
         .fetch_optional(conn)
         .await
+}
+
+/// A run's stored steps (key -> output) from the arrays `step_keys` and
+/// `step_outputs` of a claim or replay row (key `i` holds output `i`).
+pub(crate) fn steps_of(row: &PgRow) -> Result<HashMap<String, Value>, sqlx::Error> {
+    let keys: Vec<String> = row.try_get("step_keys")?;
+    let outputs: Vec<Value> = row.try_get("step_outputs")?;
+    if keys.len() != outputs.len() {
+        return Err(sqlx::Error::Decode(format!("{} step keys for {} outputs", keys.len(), outputs.len()).into()));
+    }
+    Ok(keys.into_iter().zip(outputs).collect())
 }
 
 /// A run's journal (position -> entry) from the arrays `journal_positions`,

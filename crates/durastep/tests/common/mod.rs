@@ -272,6 +272,19 @@ pub async fn step_rows(engine: &Engine, run_id: Uuid) -> Vec<StepRow> {
     rows.into_iter().map(|(key, output, lease_epoch)| StepRow { key, output, lease_epoch }).collect()
 }
 
+/// The lease epoch each claim of a run set, in claim order (its history's
+/// `running` rows). Claims move the epoch forward by a random amount, so
+/// tests compare a row's epoch with these instead of with a count.
+pub async fn claim_epochs(engine: &Engine, run_id: Uuid) -> Vec<i64> {
+    sqlx::query_scalar(
+        "SELECT lease_epoch FROM durastep.run_history WHERE run_id = $1 AND state = 'running' ORDER BY seq",
+    )
+    .bind(run_id)
+    .fetch_all(engine.pool())
+    .await
+    .expect("load claim epochs")
+}
+
 /// The stored result of one step, if any.
 pub async fn step_row(engine: &Engine, run_id: Uuid, key: &str) -> Option<StepRow> {
     step_rows(engine, run_id).await.into_iter().find(|r| r.key == key)
@@ -360,7 +373,7 @@ pub async fn take_over_with(
     let id = engine_a.send(durastep::Event::new("go", &())).await.expect("send").run_ids[0];
     let wa = spawn_worker(&engine_a);
     h.a_entered.reached("attempt 1 to reach its gate").await;
-    assert_eq!(lease_of(&engine_a, id).await.0, 1);
+    assert_eq!(vec![lease_of(&engine_a, id).await.0], claim_epochs(&engine_a, id).await, "one claim");
 
     durastep::testing::advance_clock(&engine_a, LONG_LEASE + Duration::from_secs(1)).await.expect("advance clock");
     assert_eq!(engine_a.reap_expired_leases().await.expect("reap"), 1);
@@ -370,7 +383,7 @@ pub async fn take_over_with(
     let engine_b = engine(opts, vec![make()]).await;
     let wb = spawn_worker(&engine_b);
     h.b_entered.reached("attempt 2 to reach its gate").await;
-    assert_eq!(lease_of(&engine_b, id).await.0, 2);
+    assert_eq!(claim_epochs(&engine_b, id).await.get(1), Some(&lease_of(&engine_b, id).await.0), "attempt 2's claim");
     assert!(!h.a_dropped.is_open(), "worker A noticed the lost lease itself; the test would not test fencing");
     (id, engine_a, wa, engine_b, wb)
 }

@@ -145,10 +145,11 @@ counted AS (
       FROM per_key p, t
      WHERE f.rule = p.rule AND f.key = p.key AND p.kind <> 'backpressure'
        AND (p.n > 0 OR p.horizon IS NOT NULL)),
--- The admitted runs, under a new lease epoch, with their input, steps and journal.
+-- The admitted runs, under a new lease epoch (1 to 2^31 above the last one,
+-- at random, as in the fast claim, which commits asynchronously), with their input.
 claimed AS (
     UPDATE durastep.runs r
-       SET state = 'running', lease_epoch = r.lease_epoch + 1,
+       SET state = 'running', lease_epoch = r.lease_epoch + 1 + floor(random() * 2147483648)::bigint,
            lease_expires_at = durastep.now() + (SELECT p.lease FROM p),
            worker_id = (SELECT p.worker FROM p), started_at = coalesce(r.started_at, durastep.now()),
            park_rule = NULL, park_key = NULL, history_noted = NOT r.history_noted,
@@ -157,14 +158,7 @@ claimed AS (
       FROM admit, durastep.events e
      WHERE r.id = admit.id AND e.id = r.event_id
     RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch, e.payload,
-              r.parent_run_id, r.parent_step_key, durastep.now() AS db_now, r.priority, r.run_at,
-              (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
-                 FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
-              -- The journal as three arrays in position order: a jsonb array of
-              -- 1,000 entries costs about 4 times as much to build and send (docs/performance.md).
-              ARRAY(SELECT j.position FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_positions,
-              ARRAY(SELECT j.kind FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_kinds,
-              ARRAY(SELECT j.step_key FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_keys),
+              r.parent_run_id, r.parent_step_key, durastep.now() AS db_now, r.priority, r.run_at),
 -- Their history rows, written here: the `runs_history` trigger stays quiet for
 -- rows whose `history_noted` flipped (migration 0020).
 claimed_history AS (
@@ -195,10 +189,19 @@ woken AS (
                 FOR UPDATE SKIP LOCKED) w
             WHERE p.kind = 'concurrency' AND p.capacity - p.in_use - p.n > 0)
     RETURNING r.id)
--- The claimed runs, and how many runs were moved.
-SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, c.lease_epoch, c.payload, c.db_now, c.steps,
-       c.journal_positions, c.journal_kinds, c.journal_keys,
+-- The claimed runs with their steps and journal (as in claim_fast.sql: two
+-- arrays for the steps, three for the journal, each from one scan), and how
+-- many runs were moved.
+SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, c.lease_epoch, c.payload, c.db_now,
+       st.step_keys, st.step_outputs, jr.journal_positions, jr.journal_kinds, jr.journal_keys,
        c.parent_run_id, c.parent_step_key, c.priority, c.run_at,
        (SELECT count(*) FROM parked) + (SELECT count(*) FROM skipped) + (SELECT count(*) FROM woken)
          + (SELECT count(*) FROM expired) AS moved
   FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
+  CROSS JOIN LATERAL (
+       SELECT coalesce(array_agg(s.step_key), '{}') AS step_keys, coalesce(array_agg(s.output), '{}') AS step_outputs
+         FROM durastep.step_results s WHERE s.run_id = c.id) st
+  CROSS JOIN LATERAL (
+       SELECT coalesce(array_agg(j.position), '{}') AS journal_positions, coalesce(array_agg(j.kind), '{}') AS journal_kinds,
+              coalesce(array_agg(j.step_key), '{}') AS journal_keys
+         FROM durastep.step_journal j WHERE j.run_id = c.id) jr

@@ -28,12 +28,18 @@
 WITH p AS MATERIALIZED (
     SELECT $1::text[] AS functions, $2::bigint AS n, make_interval(secs => $3) AS lease, $4::uuid AS worker,
            $5::text[] AS version_ids, $6::int[] AS versions),
--- The clock, read once.
-t AS MATERIALIZED (SELECT durastep.now() AS now),
--- The due runs, under a new lease epoch.
+-- The clock, read once; and this claim's commit made asynchronous (it does
+-- not wait for its WAL flush). Safe because every claim moves the lease epoch
+-- forward by a random amount: a claim lost in a crash and made again by
+-- another worker sets another epoch, so the first attempt's writes stay
+-- fenced out; and any write that attempt makes durable (a synchronous commit)
+-- flushes the WAL past the claim first (docs/architecture.md "The claim's
+-- commit").
+t AS MATERIALIZED (SELECT durastep.now() AS now, set_config('synchronous_commit', 'off', true) AS commit_mode),
+-- The due runs, under a new lease epoch: 1 to 2^31 above the last one, at random.
 claimed AS (
     UPDATE durastep.runs r
-       SET state = 'running', lease_epoch = r.lease_epoch + 1,
+       SET state = 'running', lease_epoch = r.lease_epoch + 1 + floor(random() * 2147483648)::bigint,
            lease_expires_at = (SELECT now FROM t) + (SELECT p.lease FROM p),
            worker_id = (SELECT p.worker FROM p), started_at = coalesce(r.started_at, (SELECT now FROM t)),
            park_rule = NULL, park_key = NULL, flow_held = NULL, history_noted = NOT r.history_noted
@@ -58,12 +64,18 @@ h AS (
 SELECT r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch,
           (SELECT e.payload FROM durastep.events e WHERE e.id = r.event_id) AS payload,
           r.parent_run_id, r.parent_step_key, (SELECT now FROM t) AS db_now, r.priority, r.run_at,
-          (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
-             FROM durastep.step_results s WHERE s.run_id = r.id) AS steps,
-          -- The journal as three arrays in position order: a jsonb array of
-          -- 1,000 entries costs about 4 times as much to build and send (docs/performance.md).
-          ARRAY(SELECT j.position FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_positions,
-          ARRAY(SELECT j.kind FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_kinds,
-          ARRAY(SELECT j.step_key FROM durastep.step_journal j WHERE j.run_id = r.id ORDER BY j.position) AS journal_keys,
+          st.step_keys, st.step_outputs, jr.journal_positions, jr.journal_kinds, jr.journal_keys,
           0::bigint AS moved
   FROM claimed r
+  -- The stored steps as two arrays (key i holds output i), and the journal
+  -- as three, each from one scan: a jsonb object of 1,000 steps and one scan
+  -- of the journal per array cost twice as much to build and decode
+  -- (docs/performance.md "Replay"). The journal's order does not matter: the
+  -- worker keys it by position.
+  CROSS JOIN LATERAL (
+       SELECT coalesce(array_agg(s.step_key), '{}') AS step_keys, coalesce(array_agg(s.output), '{}') AS step_outputs
+         FROM durastep.step_results s WHERE s.run_id = r.id) st
+  CROSS JOIN LATERAL (
+       SELECT coalesce(array_agg(j.position), '{}') AS journal_positions, coalesce(array_agg(j.kind), '{}') AS journal_kinds,
+              coalesce(array_agg(j.step_key), '{}') AS journal_keys
+         FROM durastep.step_journal j WHERE j.run_id = r.id) jr
