@@ -264,6 +264,8 @@ impl Ctx {
     /// The lease epoch of this attempt: what every fenced write of it compares
     /// (with the `testing` feature, for fault-injection oracles that must tell
     /// an attempt that started late from the one that took the run over).
+    /// Each claim moves it forward by a random amount (1 to 2^31): compare
+    /// epochs by order, never count claims with them.
     ///
     /// ```
     /// # fn f(ctx: durastep::Ctx) { assert!(ctx.lease_epoch() >= 0); }
