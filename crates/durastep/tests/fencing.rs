@@ -355,16 +355,19 @@ async fn the_fast_claim_alone_commits_asynchronously(_p: PgPoolOptions, opts: Pg
     let mut conn = sqlx::PgConnection::connect_with(&opts).await.expect("connect");
     let mut tx = conn.begin().await.expect("begin");
     // The engine's own statement, as the worker binds it.
-    let claimed = sqlx::query(include_str!("../src/store/sql/claim_fast.sql"))
-        .bind(vec!["f"])
-        .bind(1_i64)
-        .bind(60.0_f64)
-        .bind(uuid::Uuid::new_v4())
-        .bind(vec!["f"])
-        .bind(vec![0_i32])
-        .fetch_all(&mut *tx)
-        .await
-        .expect("claim");
+    let claimed = sqlx::query(concat!(
+        include_str!("../src/store/sql/claim_fast.sql"),
+        include_str!("../src/store/sql/run_records.sql")
+    ))
+    .bind(vec!["f"])
+    .bind(1_i64)
+    .bind(60.0_f64)
+    .bind(uuid::Uuid::new_v4())
+    .bind(vec!["f"])
+    .bind(vec![0_i32])
+    .fetch_all(&mut *tx)
+    .await
+    .expect("claim");
     assert_eq!(claimed.len(), 1, "the claim took the run");
     let inside: String = sqlx::query_scalar("SHOW synchronous_commit").fetch_one(&mut *tx).await.unwrap();
     tx.commit().await.expect("commit");

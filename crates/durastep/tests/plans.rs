@@ -69,8 +69,16 @@ async fn the_claims_keep_a_generic_plan(_p: PgPoolOptions, opts: PgConnectOption
     let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
     sqlx::query("ANALYZE").execute(&mut conn).await.expect("analyze");
     for (name, sql, full) in [
-        ("the full claim", include_str!("../src/store/sql/claim.sql"), true),
-        ("the fast claim", include_str!("../src/store/sql/claim_fast.sql"), false),
+        (
+            "the full claim",
+            concat!(include_str!("../src/store/sql/claim.sql"), include_str!("../src/store/sql/run_records.sql")),
+            true,
+        ),
+        (
+            "the fast claim",
+            concat!(include_str!("../src/store/sql/claim_fast.sql"), include_str!("../src/store/sql/run_records.sql")),
+            false,
+        ),
     ] {
         let (custom, generic) = plans_of(&mut conn, sql, full).await;
         assert!(

@@ -123,7 +123,7 @@ pub(crate) async fn claim_runnable(
     lease: Duration,
     worker_id: Uuid,
 ) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
-    let rows = sqlx::query(include_str!("sql/claim.sql"))
+    let rows = sqlx::query(concat!(include_str!("sql/claim.sql"), include_str!("sql/run_records.sql")))
         .bind(&functions.ids)
         .bind(limit)
         .bind(secs(lease))
@@ -149,7 +149,7 @@ pub(crate) async fn claim_fast(
     lease: Duration,
     worker_id: Uuid,
 ) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
-    let rows = sqlx::query(include_str!("sql/claim_fast.sql"))
+    let rows = sqlx::query(concat!(include_str!("sql/claim_fast.sql"), include_str!("sql/run_records.sql")))
         .bind(&functions.ids)
         .bind(limit)
         .bind(secs(lease))

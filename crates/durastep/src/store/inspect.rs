@@ -431,34 +431,26 @@ pub(crate) async fn unfinished_runs(
     after: Uuid,
     limit: i64,
 ) -> Result<Vec<ReplayRun>, sqlx::Error> {
-    let rows = sqlx::query(
-        "SELECT r.id, r.function_id, r.version, r.event_id, r.attempt, e.payload,
-                st.step_keys, st.step_outputs, jr.journal_positions, jr.journal_kinds, jr.journal_keys
-           FROM (
-               -- The page's ids first, one branch per partial index (a single
-               -- `state IN (...)` over all five is a seq scan of the table).
-               SELECT u.id FROM (
-                   SELECT id FROM durastep.runs
-                    WHERE state IN ('queued', 'sleeping', 'waiting') AND function_id = ANY ($1) AND id > $2
-                   UNION ALL SELECT id FROM durastep.runs
-                    WHERE state = 'running' AND function_id = ANY ($1) AND id > $2
-                   UNION ALL SELECT id FROM durastep.runs
-                    WHERE state = 'diverged' AND function_id = ANY ($1) AND id > $2) u
-                ORDER BY u.id LIMIT $3) page
-           JOIN durastep.runs r ON r.id = page.id
-           JOIN durastep.events e ON e.id = r.event_id
-           -- Steps and journal as the claims load them (store/sql/claim_fast.sql).
-           CROSS JOIN LATERAL (
-               SELECT coalesce(array_agg(s.step_key), '{}') AS step_keys,
-                      coalesce(array_agg(s.output), '{}') AS step_outputs
-                 FROM durastep.step_results s WHERE s.run_id = r.id) st
-           CROSS JOIN LATERAL (
-               SELECT coalesce(array_agg(j.position), '{}') AS journal_positions,
-                      coalesce(array_agg(j.kind), '{}') AS journal_kinds,
-                      coalesce(array_agg(j.step_key), '{}') AS journal_keys
-                 FROM durastep.step_journal j WHERE j.run_id = r.id) jr
-          ORDER BY r.id",
-    )
+    let rows = sqlx::query(concat!(
+        "SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, e.payload,
+                    st.step_keys, st.step_outputs, jr.journal_positions, jr.journal_kinds, jr.journal_keys
+               FROM (
+                   -- The page's ids first, one branch per partial index (a single
+                   -- `state IN (...)` over all five is a seq scan of the table).
+                   SELECT u.id FROM (
+                       SELECT id FROM durastep.runs
+                        WHERE state IN ('queued', 'sleeping', 'waiting') AND function_id = ANY ($1) AND id > $2
+                       UNION ALL SELECT id FROM durastep.runs
+                        WHERE state = 'running' AND function_id = ANY ($1) AND id > $2
+                       UNION ALL SELECT id FROM durastep.runs
+                        WHERE state = 'diverged' AND function_id = ANY ($1) AND id > $2) u
+                    ORDER BY u.id LIMIT $3) page
+               JOIN durastep.runs c ON c.id = page.id
+               JOIN durastep.events e ON e.id = c.event_id
+",
+        // Steps and journal as the claims load them; the page is put in id order below.
+        include_str!("sql/run_records.sql")
+    ))
     .bind(functions)
     .bind(after)
     .bind(limit)
@@ -477,6 +469,9 @@ pub(crate) async fn unfinished_runs(
             journal: journal_of(&row)?,
         });
     }
+    // Postgres orders uuids by their bytes, as `Uuid` does: the caller's next
+    // page starts after the last id here.
+    out.sort_by_key(|r| r.id);
     Ok(out)
 }
 

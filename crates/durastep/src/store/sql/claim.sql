@@ -189,19 +189,11 @@ woken AS (
                 FOR UPDATE SKIP LOCKED) w
             WHERE p.kind = 'concurrency' AND p.capacity - p.in_use - p.n > 0)
     RETURNING r.id)
--- The claimed runs with their steps and journal (as in claim_fast.sql: two
--- arrays for the steps, three for the journal, each from one scan), and how
--- many runs were moved.
+-- The claimed runs, and how many runs were moved; their steps and journal
+-- are joined by run_records.sql, which the code appends.
 SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, c.lease_epoch, c.payload, c.db_now,
        st.step_keys, st.step_outputs, jr.journal_positions, jr.journal_kinds, jr.journal_keys,
        c.parent_run_id, c.parent_step_key, c.priority, c.run_at,
        (SELECT count(*) FROM parked) + (SELECT count(*) FROM skipped) + (SELECT count(*) FROM woken)
          + (SELECT count(*) FROM expired) AS moved
   FROM (SELECT 1) AS one LEFT JOIN claimed c ON true
-  CROSS JOIN LATERAL (
-       SELECT coalesce(array_agg(s.step_key), '{}') AS step_keys, coalesce(array_agg(s.output), '{}') AS step_outputs
-         FROM durastep.step_results s WHERE s.run_id = c.id) st
-  CROSS JOIN LATERAL (
-       SELECT coalesce(array_agg(j.position), '{}') AS journal_positions, coalesce(array_agg(j.kind), '{}') AS journal_kinds,
-              coalesce(array_agg(j.step_key), '{}') AS journal_keys
-         FROM durastep.step_journal j WHERE j.run_id = c.id) jr

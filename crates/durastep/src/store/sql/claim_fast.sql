@@ -60,22 +60,11 @@ claimed AS (
 h AS (
     INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
     SELECT c.id, (SELECT now FROM t), 'running', c.attempt, c.lease_epoch, (SELECT p.worker FROM p) FROM claimed c)
--- Each claimed run with its input, steps and journal.
-SELECT r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch,
-          (SELECT e.payload FROM durastep.events e WHERE e.id = r.event_id) AS payload,
-          r.parent_run_id, r.parent_step_key, (SELECT now FROM t) AS db_now, r.priority, r.run_at,
+-- Each claimed run with its input; its steps and journal are joined by
+-- run_records.sql, which the code appends.
+SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, c.lease_epoch,
+          (SELECT e.payload FROM durastep.events e WHERE e.id = c.event_id) AS payload,
+          c.parent_run_id, c.parent_step_key, (SELECT now FROM t) AS db_now, c.priority, c.run_at,
           st.step_keys, st.step_outputs, jr.journal_positions, jr.journal_kinds, jr.journal_keys,
           0::bigint AS moved
-  FROM claimed r
-  -- The stored steps as two arrays (key i holds output i), and the journal
-  -- as three, each from one scan: a jsonb object of 1,000 steps and one scan
-  -- of the journal per array cost twice as much to build and decode
-  -- (docs/performance.md "Replay"). The journal's order does not matter: the
-  -- worker keys it by position.
-  CROSS JOIN LATERAL (
-       SELECT coalesce(array_agg(s.step_key), '{}') AS step_keys, coalesce(array_agg(s.output), '{}') AS step_outputs
-         FROM durastep.step_results s WHERE s.run_id = r.id) st
-  CROSS JOIN LATERAL (
-       SELECT coalesce(array_agg(j.position), '{}') AS journal_positions, coalesce(array_agg(j.kind), '{}') AS journal_kinds,
-              coalesce(array_agg(j.step_key), '{}') AS journal_keys
-         FROM durastep.step_journal j WHERE j.run_id = r.id) jr
+  FROM claimed c

@@ -1,0 +1,14 @@
+-- Appended to the claims and the dry replay's page (`concat!`): a run's
+-- stored steps as two arrays (key i holds output i) and its journal as
+-- three, each from one scan, for the run `c` of the statement it ends. A
+-- jsonb object of 1,000 steps and one scan of the journal per array cost
+-- about twice as much to build and decode (docs/performance.md "Replay's
+-- load in two arrays"). The journal's order does not matter: the worker
+-- keys it by position.
+  CROSS JOIN LATERAL (
+       SELECT coalesce(array_agg(s.step_key), '{}') AS step_keys, coalesce(array_agg(s.output), '{}') AS step_outputs
+         FROM durastep.step_results s WHERE s.run_id = c.id) st
+  CROSS JOIN LATERAL (
+       SELECT coalesce(array_agg(j.position), '{}') AS journal_positions, coalesce(array_agg(j.kind), '{}') AS journal_kinds,
+              coalesce(array_agg(j.step_key), '{}') AS journal_keys
+         FROM durastep.step_journal j WHERE j.run_id = c.id) jr
