@@ -133,7 +133,8 @@ async fn a_worker_with_claim_ahead_zero_claims_nothing_ahead(_p: PgPoolOptions, 
 
 /// Catches: a run claimed ahead that is kept while no slot frees (it must be
 /// given back within about a second, without counting an attempt and without
-/// running user code, so that another worker starts it).
+/// running user code, so that another worker starts it), and one given back
+/// behind the runs that became due after it (it keeps its due time).
 #[sqlx::test(migrations = false)]
 async fn a_run_claimed_ahead_is_given_back_when_no_slot_frees(_p: PgPoolOptions, opts: PgConnectOptions) {
     common::init_logs();
@@ -141,9 +142,12 @@ async fn a_run_claimed_ahead_is_given_back_when_no_slot_frees(_p: PgPoolOptions,
     let engine = ahead.engine(&opts).await;
     let w = common::spawn_worker(&engine);
     let (round, blocked, x) = ahead.claimed_ahead(&engine).await;
-    // Given back: queued again, the same attempt, no user code run.
+    let due = engine.run(x).await.unwrap().run_at;
+    // Given back: queued again, the same attempt, no user code run, and its
+    // place in the queue kept (G26: its due time, not the time it was given back).
     let back = common::wait_for_run_where(&engine, x, "given back", |r| r.state == RunState::Queued).await;
     assert_eq!(back.attempt, 1, "{back:?}");
+    assert_eq!(back.run_at, due, "the run given back lost its place in the queue");
     assert_eq!(ahead.x_starts.load(Ordering::SeqCst), round as u32, "the run claimed ahead ran user code");
     // Another worker starts it while A's slot is still blocked.
     let other = common::engine(&opts, vec![ahead.function()]).await;
@@ -155,4 +159,78 @@ async fn a_run_claimed_ahead_is_given_back_when_no_slot_frees(_p: PgPoolOptions,
     assert_eq!(common::finished(&engine, blocked).await.state, RunState::Completed);
     w.stop().await;
     wb.stop().await;
+}
+
+/// Catches: a worker that claims more than `claim_ahead` runs ahead of its
+/// slots (G26 bounds by `claim_ahead` how many runs claimed earlier may start
+/// before a higher-priority run that becomes due). Two slots, `claim_ahead:
+/// 2`, claims of up to 16: after its slots turned over on quick runs, two runs
+/// block both slots while 12 more are due; sampled for a second, at most 2 of
+/// those 12 are claimed (`running`), and a run that becomes due later with a
+/// higher priority starts after at most the 2 claimed ahead.
+#[sqlx::test(migrations = false)]
+async fn a_worker_claims_at_most_claim_ahead_runs_ahead(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let gates = Arc::new([common::Gate::new(), common::Gate::new()]);
+    let entered = Arc::new([common::Gate::new(), common::Gate::new()]);
+    // The runs that waited, in the order their handlers started (the urgent one is 99).
+    let started = Arc::new(std::sync::Mutex::new(Vec::<usize>::new()));
+    let f = {
+        let (gates, entered, started) = (gates.clone(), entered.clone(), started.clone());
+        Function::new("ahead-bound").on_event("go").handler(move |_: Ctx, (kind, n): (String, usize)| {
+            let (gates, entered, started) = (gates.clone(), entered.clone(), started.clone());
+            async move {
+                match kind.as_str() {
+                    "block" => {
+                        entered[n].open();
+                        gates[n].wait().await;
+                    }
+                    "wait" => started.lock().unwrap().push(n),
+                    _ => {}
+                }
+                Ok(())
+            }
+        })
+    };
+    let worker =
+        durastep::WorkerOptions { max_in_flight: 2, claim_ahead: 2, claim_batch: 16, ..common::fast_options() };
+    let engine = common::engine_with(&opts, vec![f], worker).await;
+    let w = common::spawn_worker(&engine);
+    engine.send_batch((0..100).map(|_| Event::new("go", &("quick", 0))).collect()).await.unwrap();
+    for n in 0..2 {
+        engine.send(Event::new("go", &("block", n))).await.unwrap();
+    }
+    let waiting: Vec<uuid::Uuid> = engine
+        .send_batch((0..12).map(|n| Event::new("go", &("wait", n))).collect())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_ids[0])
+        .collect();
+    entered[0].reached("the first blocking run to start").await;
+    entered[1].reached("the second blocking run to start").await;
+    let mut most = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    while tokio::time::Instant::now() < deadline {
+        // Runs that wait behind the blocked slots and are claimed: claimed ahead.
+        // (Quick runs may still read `running` while their completion is written.)
+        let held: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM durastep.runs WHERE id = ANY ($1) AND state = 'running'")
+                .bind(&waiting)
+                .fetch_one(engine.pool())
+                .await
+                .unwrap();
+        assert!(held <= 2, "{held} runs claimed ahead by a worker with claim_ahead 2");
+        most = most.max(held);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    engine.send(Event::new("go", &("wait", 99)).priority(10)).await.unwrap();
+    gates[0].open();
+    gates[1].open();
+    common::wait_until("every run that waited to start", || async { started.lock().unwrap().len() == 13 }).await;
+    w.stop().await;
+    let order = started.lock().unwrap().clone();
+    let place = order.iter().position(|n| *n == 99).unwrap();
+    tracing::info!(most, place, ?order, "claimed ahead at most, and the start order of the runs that waited");
+    assert!(place <= 2, "the urgent run started after {place} runs claimed before it (claim_ahead 2): {order:?}");
 }

@@ -366,11 +366,16 @@ pub(crate) async fn suspend_until(
     .await
 }
 
-/// Gives a run back without counting the attempt (graceful shutdown).
+/// Gives a run back without counting the attempt (graceful shutdown, a run
+/// claimed ahead that found no slot). It keeps its place in the due queue:
+/// its due time stays (it was due when claimed), so it is claimed again
+/// before runs that became due after it (until 2026-12-03 it was made due
+/// "now", behind them).
 pub(crate) async fn release_run(pool: &PgPool, fence: Fence) -> Result<bool, sqlx::Error> {
     let (run_id, epoch) = (fence.run_id(), fence.epoch());
     let r = sqlx::query(
-        "UPDATE durastep.runs SET state = 'queued', run_at = durastep.now(), lease_expires_at = NULL, worker_id = NULL
+        "UPDATE durastep.runs SET state = 'queued', run_at = least(run_at, durastep.now()), lease_expires_at = NULL,
+                worker_id = NULL
           WHERE id = $1 AND lease_epoch = $2 AND state = 'running'",
     )
     .bind(run_id)
