@@ -103,12 +103,14 @@ const JOURNAL_JSONB: &str = "SELECT (SELECT coalesce(jsonb_object_agg(s.step_key
         (SELECT jsonb_agg(jsonb_build_array(j.position, j.kind, j.step_key))
            FROM durastep.step_journal j WHERE j.run_id = $1) AS journal";
 
-/// The claim's (since 2026-12-03): the steps as two arrays (keys, outputs), the
-/// journal as three arrays of one scan.
-const ARRAYS_ONE_SCAN: &str = "SELECT s.k, s.o, j.p, j.kk, j.ks
-   FROM (SELECT array_agg(s.step_key) AS k, array_agg(s.output) AS o FROM durastep.step_results s WHERE s.run_id = $1) s,
-        (SELECT array_agg(j.position) AS p, array_agg(j.kind) AS kk, array_agg(j.step_key) AS ks
-           FROM durastep.step_journal j WHERE j.run_id = $1) j";
+/// The claim's (since 2026-12-03): its own `run_records.sql` (steps as two
+/// arrays, the journal as three arrays of one scan) for the run `$1`.
+const ARRAYS_ONE_SCAN: &str = concat!(
+    "SELECT st.step_keys, st.step_outputs, jr.journal_positions, jr.journal_kinds, jr.journal_keys
+       FROM (SELECT $1::uuid AS id) c
+",
+    include_str!("../../crates/durastep/src/store/sql/run_records.sql")
+);
 
 /// Times `ROUNDS` loads of one run's steps and journal with `sql`, decoded into
 /// a map of steps and a map of journal entries.

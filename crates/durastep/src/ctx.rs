@@ -476,11 +476,6 @@ impl Ctx {
 
     /// Opens (when sealed) and decodes a stored step result.
     fn open<T: DeserializeOwned>(&self, key: &str, value: Value) -> HandlerResult<T> {
-        if self.inner.keyring.is_none() && !value.is_object() {
-            // Neither sealed nor escaped (both are objects), and no keyring to
-            // refuse plaintext: what `codec::open_value` would return.
-            return decode(key, value);
-        }
         let place = Place::step(Kind::Step, self.inner.run_id, key);
         let value = codec::open_value(self.inner.keyring.as_deref(), &place, value)
             .map_err(|e| HandlerError::permanent(format!("step {key}: stored output cannot be opened: {e}")))?;

@@ -353,6 +353,8 @@ async fn the_fast_claim_alone_commits_asynchronously(_p: PgPoolOptions, opts: Pg
         common::engine(&opts, vec![Function::new("f").on_event("go").handler(|_: Ctx, _: ()| async { Ok(()) })]).await;
     engine.send(Event::new("go", &())).await.expect("send");
     let mut conn = sqlx::PgConnection::connect_with(&opts).await.expect("connect");
+    // Whatever the server's default, the session commits synchronously.
+    sqlx::query("SET synchronous_commit = on").execute(&mut conn).await.unwrap();
     let mut tx = conn.begin().await.expect("begin");
     // The engine's own statement, as the worker binds it.
     let claimed = sqlx::query(concat!(
