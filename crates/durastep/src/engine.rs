@@ -203,8 +203,23 @@ impl Engine {
         let prepared = self.prepare(&events)?;
         // One statement (`durastep.send_events`), its own transaction: one round trip, one commit.
         let mut conn = self.inner.pool.acquire().await.map_err(from_sqlx)?;
-        let (receipts, notified) = insert(&mut conn, &prepared).await?;
-        drop(conn);
+        // One event due now, and a worker of this process waits idle: the
+        // send claims the new runs for it, and it starts them at once.
+        let offer = match prepared.as_slice() {
+            [event] if event.start_at.is_none() => self.inner.local_workers.take_offer(),
+            _ => None,
+        };
+        let (receipts, notified) = match offer {
+            Some(offer) => {
+                let sent = std::time::Instant::now();
+                let (inserted, handed) =
+                    store::insert_event_handing(&mut conn, &prepared[0], &offer.to()).await.map_err(from_sqlx)?;
+                drop(conn);
+                offer.hand_over(&self.inner, handed, sent).await;
+                receipts_of(inserted)
+            }
+            None => insert(&mut conn, &prepared).await?,
+        };
         if notified {
             // Committed: the workers of this process claim now, without
             // waiting for the NOTIFY to come back through their listener.
@@ -397,12 +412,17 @@ pub(crate) async fn insert(
     events: &[store::NewEvent],
 ) -> Result<(Vec<SendReceipt>, bool), Error> {
     let sent = store::insert_events(conn, events).await.map_err(from_sqlx)?;
+    Ok(receipts_of(sent))
+}
+
+/// The receipts of a send, in input order, with whether it notified the workers.
+fn receipts_of(sent: store::Sent) -> (Vec<SendReceipt>, bool) {
     let receipts = sent
         .events
         .into_iter()
         .map(|i| SendReceipt { event_id: i.event_id, run_ids: i.run_ids, duplicate: i.duplicate })
         .collect();
-    Ok((receipts, sent.notified))
+    (receipts, sent.notified)
 }
 
 impl EngineBuilder {

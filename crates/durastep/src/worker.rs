@@ -149,31 +149,102 @@ fn lock(held: &HeldRuns) -> std::sync::MutexGuard<'_, HashMap<Uuid, Held>> {
     held.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The wake-ups of the workers that run in this process, for the sends made
-/// through the same engine: a send that made a run due wakes them as soon as
-/// it has committed, instead of through the NOTIFY that Postgres delivers to
-/// their listener connection one hop later (which still comes, and still
-/// wakes the workers of other processes). The worker then claims as after any
-/// wake-up, in the queue's order: this saves the hop, it does not hand the run
-/// past the queue (docs/architecture.md "Waking the workers of the sender's
-/// process").
+/// The workers that run in this process, for the sends made through the
+/// same engine. A send that made a run due wakes them as soon as it has
+/// committed, instead of through the NOTIFY that Postgres delivers to their
+/// listener connection one hop later (which still comes, and still wakes the
+/// workers of other processes). And a one-event send, while one of them
+/// waits idle with nothing due, claims its new runs for that worker in its
+/// own statement and hands them over: the worker starts them without a claim
+/// of its own (docs/architecture.md "The send hands its run to a worker of
+/// its own process").
 #[derive(Default)]
-pub(crate) struct LocalWorkers(std::sync::Mutex<Vec<std::sync::Weak<Notify>>>);
+pub(crate) struct LocalWorkers(std::sync::Mutex<Vec<(std::sync::Weak<Notify>, std::sync::Weak<Handoff>)>>);
 
 impl LocalWorkers {
-    /// Adds a worker's wake-up; it is forgotten once the worker has dropped it.
-    fn register(&self, wake: &Arc<Notify>) {
+    /// Adds a worker; it is forgotten once the worker has dropped its parts.
+    fn register(&self, wake: &Arc<Notify>, handoff: &Arc<Handoff>) {
         let mut workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        workers.retain(|w| w.strong_count() > 0);
-        workers.push(Arc::downgrade(wake));
+        workers.retain(|(w, _)| w.strong_count() > 0);
+        workers.push((Arc::downgrade(wake), Arc::downgrade(handoff)));
     }
 
     /// Wakes every worker of this process (a wake-up while a worker claims
     /// is kept for its next wait, as a NOTIFY's is).
     pub(crate) fn wake(&self) {
         let workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for wake in workers.iter().filter_map(std::sync::Weak::upgrade) {
+        for wake in workers.iter().filter_map(|(w, _)| w.upgrade()) {
             wake.notify_one();
+        }
+    }
+
+    /// A worker of this process that waits idle with nothing due, with the
+    /// slots it offers taken (a second send finds them gone until the worker
+    /// offers again): the send may claim up to that many runs for it.
+    pub(crate) fn take_offer(&self) -> Option<Offer> {
+        let workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        workers.iter().filter_map(|(_, h)| h.upgrade()).find_map(|handoff| {
+            let slots = handoff.open.swap(0, Ordering::AcqRel);
+            (slots > 0).then_some(Offer { handoff, slots })
+        })
+    }
+}
+
+/// How a worker takes runs that a send of its process claimed for it.
+pub(crate) struct Handoff {
+    worker_id: Uuid,
+    lease: Duration,
+    /// Its functions without claim-time flow rules: only their runs are handed.
+    functions: Arc<ClaimClasses>,
+    /// Free slots it offers: set while it waits with nothing due and nothing
+    /// claimed, 0 otherwise.
+    open: AtomicUsize,
+    runs: tokio::sync::mpsc::UnboundedSender<Handed>,
+}
+
+/// A run claimed for a worker by a send of its process.
+struct Handed {
+    run: ClaimedRun,
+    /// Before the send went out: the lease counts from there.
+    sent: Instant,
+    received: Instant,
+}
+
+/// Slots an idle worker offered, taken by one send.
+pub(crate) struct Offer {
+    handoff: Arc<Handoff>,
+    slots: usize,
+}
+
+impl Offer {
+    /// The claim the send makes for the worker.
+    pub(crate) fn to(&self) -> store::HandTo<'_> {
+        let h = &self.handoff;
+        store::HandTo { worker_id: h.worker_id, lease: h.lease, functions: &h.functions.fast, slots: self.slots }
+    }
+
+    /// Hands the runs the send claimed to the worker; a run it can no longer
+    /// take (it stopped meanwhile) is released at once, keeping its place.
+    pub(crate) async fn hand_over(self, engine: &EngineInner, runs: Vec<ClaimedRun>, sent: Instant) {
+        let received = Instant::now();
+        for run in runs {
+            // `error`: refused, as by a worker that stopped.
+            let run = if crate::failpoint_fires!("hand-over") {
+                run
+            } else {
+                match self.handoff.runs.send(Handed { run, sent, received }) {
+                    Ok(()) => continue,
+                    Err(refused) => refused.0.run,
+                }
+            };
+            let fence = run.fence();
+            match store::release_run(&engine.pool, fence).await {
+                Ok(_) => tracing::debug!(run_id = %fence.run_id(), "worker gone; handed run released"),
+                Err(e) => tracing::warn!(
+                    run_id = %fence.run_id(), error = %e,
+                    "could not release a run handed to a stopped worker; its lease will expire"
+                ),
+            }
         }
     }
 }
@@ -192,7 +263,15 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         tracing::info!(functions = ?versions, "worker started");
         let held: HeldRuns = Arc::default();
         let wake = Arc::new(Notify::new());
-        engine.local_workers.register(&wake);
+        let (handed_tx, mut handed) = tokio::sync::mpsc::unbounded_channel();
+        let handoff = Arc::new(Handoff {
+            worker_id,
+            lease: opts.lease,
+            functions: classes.clone(),
+            open: AtomicUsize::new(0),
+            runs: handed_tx,
+        });
+        engine.local_workers.register(&wake, &handoff);
         let slot_freed = Arc::new(Turnover::default());
         let waiting_lost = Arc::new(Notify::new());
         let stop_background = CancellationToken::new();
@@ -324,6 +403,9 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 sent_order.push_back((task.id(), want.fast));
                 continue;
             }
+            // Idle with nothing due: offer the free slots to the sends of this process.
+            let idle_waiting = hold_until.is_some() && failures == 0 && claims.is_empty() && ready.is_empty();
+            handoff.open.store(if idle_waiting { slots.available_permits() } else { 0 }, Ordering::Release);
             let sleep_until = hold_until.unwrap_or_else(|| tokio::time::Instant::now() + opts.poll_interval);
             let give_back_at =
                 ready.iter().map(|r| r.received).min().map_or(sleep_until, |r| (r + AHEAD_WAIT_MAX).into());
@@ -352,18 +434,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                                 last_full = claimed.len() >= done.want.fast;
                                 let got = claimed.len();
                                 for (run, fast) in claimed {
-                                    let lost = CancellationToken::new();
-                                    let ending = Arc::new(AtomicBool::new(false));
-                                    let h = Held {
-                                        fence: run.fence(),
-                                        lost: lost.clone(),
-                                        last_extended: done.sent,
-                                        function_id: run.function_id.clone(),
-                                        waiting_lost: waiting_lost.clone(),
-                                        ending: ending.clone(),
-                                    };
-                                    lock(&held).insert(run.id, h);
-                                    enqueue(&mut ready, Ready { run, lost, ending, received: done.received, fast });
+                                    let r = hold(&held, &waiting_lost, run, done.sent, done.received, fast);
+                                    enqueue(&mut ready, r);
                                 }
                                 // Nothing due (flow control moved nothing either): wait
                                 // for a wake-up or the next due run, not for a slot.
@@ -386,6 +458,11 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                         }
                     }
                 }
+                Some(h) = handed.recv() => {
+                    // Claimed for this worker by a send of its process: held from now.
+                    let r = hold(&held, &waiting_lost, h.run, h.sent, h.received, true);
+                    enqueue(&mut ready, r);
+                }
                 _ = wake.notified(), if hold_until.is_some() && failures == 0 => hold_until = None,
                 _ = slot_freed.notify.notified() => {}
                 _ = waiting_lost.notified() => {}
@@ -406,8 +483,17 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             }
         }
 
-        // Graceful shutdown: no more claims; a claim in flight is awaited, so
-        // that its runs are given back with those claimed ahead.
+        // Graceful shutdown: no more runs handed over (a send that still
+        // tries releases its runs itself); those already handed are given
+        // back with the runs claimed ahead.
+        handoff.open.store(0, Ordering::Release);
+        handed.close();
+        while let Ok(h) = handed.try_recv() {
+            let (lost, ending) = (CancellationToken::new(), Arc::default());
+            ready.push_back(Ready { run: h.run, lost, ending, received: h.received, fast: true });
+        }
+        // No more claims; a claim in flight is awaited, so that its runs are
+        // given back with those claimed ahead.
         let mut unstarted: Vec<ClaimDone> = answered.into_values().collect();
         while let Some(done) = claims.join_next().await {
             unstarted.extend(done.ok());
@@ -590,6 +676,30 @@ struct Ready {
     received: Instant,
     /// Claimed by the fast claim (no claim-time flow rules).
     fast: bool,
+}
+
+/// A claimed run held by this worker from now (its lease kept by the
+/// heartbeat, counted from `sent`), ready to queue.
+fn hold(
+    held: &HeldRuns,
+    waiting_lost: &Arc<Notify>,
+    run: ClaimedRun,
+    sent: Instant,
+    received: Instant,
+    fast: bool,
+) -> Ready {
+    let lost = CancellationToken::new();
+    let ending = Arc::new(AtomicBool::new(false));
+    let h = Held {
+        fence: run.fence(),
+        lost: lost.clone(),
+        last_extended: sent,
+        function_id: run.function_id.clone(),
+        waiting_lost: waiting_lost.clone(),
+        ending: ending.clone(),
+    };
+    lock(held).insert(run.id, h);
+    Ready { run, lost, ending, received, fast }
 }
 
 /// Queues a claimed run to start. A flow-limited run holds its concurrency

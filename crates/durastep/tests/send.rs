@@ -215,7 +215,9 @@ async fn runs_and_events_get_time_ordered_ids(_p: PgPoolOptions, opts: PgConnect
 /// Catches: a worker in the sender's process that learns of a new run only
 /// from the NOTIFY (one hop later) or from its poll. Here it has no LISTEN at
 /// all and polls every 10 minutes, so only the engine's own wake-up can start
-/// the second run: it must finish long before the poll.
+/// the later runs: they must finish long before the poll. They are sent as a
+/// batch, which a send never hands to a worker directly (that is one event's
+/// path): a single send here would pass by the handoff alone.
 #[sqlx::test(migrations = false)]
 async fn a_send_wakes_the_worker_of_its_own_process(_p: PgPoolOptions, opts: PgConnectOptions) {
     let echo = Function::new("echo").on_event("ping").handler(|_ctx: Ctx, v: Value| async move { Ok(v) });
@@ -229,11 +231,14 @@ async fn a_send_wakes_the_worker_of_its_own_process(_p: PgPoolOptions, opts: PgC
     // (were it still claiming, the run below would start anyway: the test
     // would then pass without exercising the wake-up, never fail).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let second = engine.send(Event::new("ping", &2)).await.unwrap().run_ids[0];
-    // Waits up to common::DEADLINE (15 s), far below the poll.
-    let run = common::finished(&engine, second).await;
-    assert_eq!(run.state, RunState::Completed, "{run:?}");
-    assert_eq!(run.output, Some(json!(2)));
+    let later = engine.send_batch(vec![Event::new("ping", &2), Event::new("ping", &3)]).await.unwrap();
+    for (receipt, n) in later.iter().zip([2, 3]) {
+        // Waits up to common::DEADLINE (15 s), far below the poll.
+        let run = common::finished(&engine, receipt.run_ids[0]).await;
+        assert_eq!(run.state, RunState::Completed, "{run:?}");
+        assert_eq!(run.output, Some(json!(n)));
+        assert!(!handed_by_its_send(&engine, receipt.run_ids[0], receipt.event_id).await, "a batch handed a run on");
+    }
     w.stop().await;
 }
 
@@ -309,4 +314,88 @@ async fn a_plain_send_takes_the_lean_branch_and_the_others_the_full_one(_p: PgPo
     let run = common::finished(&engine, waiter).await;
     w.stop().await;
     assert_eq!(run.state, RunState::Completed, "{run:?}");
+}
+
+/// Whether the send of `event_id` claimed the run itself (handed it to a
+/// worker of its process): the run's first `running` history row was written
+/// by the send's own transaction.
+async fn handed_by_its_send(engine: &Engine, run_id: uuid::Uuid, event_id: uuid::Uuid) -> bool {
+    sqlx::query_scalar(
+        "SELECT (SELECT h.xmin::text FROM durastep.run_history h WHERE h.run_id = $1 AND h.state = 'running'
+                  ORDER BY h.seq LIMIT 1)
+              = (SELECT e.xmin::text FROM durastep.events e WHERE e.id = $2)",
+    )
+    .bind(run_id)
+    .bind(event_id)
+    .fetch_one(engine.pool())
+    .await
+    .unwrap()
+}
+
+/// Sends `event` through `engine` until a send hands its run to the idle
+/// worker of the process (the worker offers its slots once its last claim
+/// found nothing due); each run must complete once with its input. Returns
+/// how many sends it took.
+async fn send_until_handed(engine: &Engine, name: &str) -> usize {
+    for i in 1..=50 {
+        let receipt = engine.send(Event::new(name, &json!({"i": i}))).await.unwrap();
+        let run = common::finished(engine, receipt.run_ids[0]).await;
+        assert_eq!(run.output, Some(json!({"i": i})), "{run:?}");
+        if handed_by_its_send(engine, receipt.run_ids[0], receipt.event_id).await {
+            return i;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no send handed its run to the idle worker of its process in 50 sends");
+}
+
+/// Catches: a send through an engine whose worker waits idle that leaves its
+/// run queued for a claim (the handoff of migration 0024 not taken), and a
+/// handed run that does not run, or runs twice.
+#[sqlx::test(migrations = false)]
+async fn a_send_hands_its_run_to_an_idle_worker_of_its_process(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let engine = common::engine(
+        &opts,
+        vec![Function::new("echo").on_event("ping").handler(|_ctx: Ctx, v: Value| async move { Ok(v) })],
+    )
+    .await;
+    let w = common::spawn_worker(&engine);
+    send_until_handed(&engine, "ping").await;
+    w.stop().await;
+    // Each run was claimed once: by its send or by the worker, never both.
+    let claims: Vec<i64> = sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE h.state = 'running') FROM durastep.runs r
+           JOIN durastep.run_history h ON h.run_id = r.id GROUP BY r.id",
+    )
+    .fetch_all(engine.pool())
+    .await
+    .unwrap();
+    assert!(claims.iter().all(|&n| n == 1), "a run claimed more than once: {claims:?}");
+}
+
+/// Catches: a send that hands its new run to a worker while another run is
+/// due (the new run would start before one that a claim takes first, G26).
+/// Here the due run belongs to a function no worker runs, so it stays due.
+#[sqlx::test(migrations = false)]
+async fn a_send_does_not_hand_on_its_run_while_another_is_due(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let echo = |_ctx: Ctx, v: Value| async move { Ok(v) };
+    let engine = common::engine(&opts, vec![Function::new("echo").on_event("ping").handler(echo)]).await;
+    let elsewhere = common::engine(&opts, vec![Function::new("elsewhere").on_event("other").handler(echo)]).await;
+    let w = common::spawn_worker(&engine);
+    // The setup can hand runs on ...
+    send_until_handed(&engine, "ping").await;
+    // ... until a run is due that this worker does not take.
+    let due = elsewhere.send(Event::new("other", &0)).await.unwrap().run_ids[0];
+    for i in 0..10 {
+        let receipt = engine.send(Event::new("ping", &json!({"i": i}))).await.unwrap();
+        let run = common::finished(&engine, receipt.run_ids[0]).await;
+        assert_eq!(run.output, Some(json!({"i": i})), "{run:?}");
+        assert!(
+            !handed_by_its_send(&engine, receipt.run_ids[0], receipt.event_id).await,
+            "send {i} handed its run on while run {due} was due"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w.stop().await;
+    assert_eq!(engine.run(due).await.unwrap().state, RunState::Queued);
 }

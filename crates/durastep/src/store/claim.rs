@@ -163,7 +163,7 @@ pub(crate) async fn claim_fast(
 
 /// The rows of a claim statement as claimed runs, and its count of moved runs
 /// (a row with a null `id` carries only that count).
-fn claimed_runs(rows: Vec<sqlx::postgres::PgRow>) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
+pub(super) fn claimed_runs(rows: Vec<sqlx::postgres::PgRow>) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
     let mut moved = 0;
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {

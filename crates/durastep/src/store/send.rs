@@ -1,9 +1,14 @@
 //! Send: events stored and fanned out into runs (`durastep.send_events`,
 //! migration 0014), from an application or from a run's step.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
+
+use super::claim::claimed_runs;
+use super::{ClaimedRun, Handled, secs};
 
 /// An event ready to insert: validated and serialized.
 pub(crate) struct NewEvent {
@@ -87,27 +92,95 @@ pub(crate) async fn insert_events(conn: &mut PgConnection, events: &[NewEvent]) 
             duplicate: !inserted,
         });
     }
-    if !duplicates.is_empty() {
-        let names: Vec<&str> = duplicates.iter().map(|&i| events[i].name.as_str()).collect();
-        let keys: Vec<&str> = duplicates.iter().map(|&i| events[i].idempotency_key.as_deref().unwrap_or("")).collect();
-        let rows = sqlx::query(
-            "SELECT t.ord, e.id,
+    report_duplicates(conn, events, &mut out, &duplicates).await?;
+    Ok(Sent { events: out, notified })
+}
+
+/// Fills in, for the events at `duplicates` (their (name, idempotency key)
+/// was stored already), the stored event and its runs.
+async fn report_duplicates(
+    conn: &mut PgConnection,
+    events: &[NewEvent],
+    out: &mut [InsertedEvent],
+    duplicates: &[usize],
+) -> Result<(), sqlx::Error> {
+    if duplicates.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = duplicates.iter().map(|&i| events[i].name.as_str()).collect();
+    let keys: Vec<&str> = duplicates.iter().map(|&i| events[i].idempotency_key.as_deref().unwrap_or("")).collect();
+    let rows = sqlx::query(
+        "SELECT t.ord, e.id,
                     ARRAY(SELECT r.id FROM durastep.runs r WHERE r.event_id = e.id
                           UNION SELECT m.run_id FROM durastep.debounced_events m WHERE m.event_id = e.id
                           ORDER BY 1) AS run_ids
                FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(name, idem, ord)
                JOIN durastep.events e ON e.name = t.name AND e.idempotency_key = t.idem",
-        )
-        .bind(&names)
-        .bind(&keys)
+    )
+    .bind(&names)
+    .bind(&keys)
+    .fetch_all(&mut *conn)
+    .await?;
+    for row in rows {
+        let ord: i64 = row.try_get("ord")?;
+        let slot = &mut out[duplicates[(ord - 1) as usize]];
+        slot.event_id = row.try_get("id")?;
+        slot.run_ids = row.try_get("run_ids")?;
+    }
+    Ok(())
+}
+
+/// An idle worker of the sender's process that a send may hand its new runs
+/// to: who claims them, for how long, which (function, version) pairs it runs
+/// by the fast claim, and how many it would start at once.
+pub(crate) struct HandTo<'a> {
+    pub worker_id: Uuid,
+    pub lease: Duration,
+    pub functions: &'a Handled,
+    pub slots: usize,
+}
+
+/// Sends one event due now, as [`insert_events`] does, and in the same
+/// transaction claims for the worker `to` the runs it created that the fast
+/// claim would give that worker, when no other run is due
+/// (`durastep.send_event_handing`, migration 0024): they come back claimed,
+/// and no other worker can ever see them queued. Its own transaction: one
+/// round trip, one commit.
+pub(crate) async fn insert_event_handing(
+    conn: &mut PgConnection,
+    event: &NewEvent,
+    to: &HandTo<'_>,
+) -> Result<(Sent, Vec<ClaimedRun>), sqlx::Error> {
+    let rows = sqlx::query("SELECT * FROM durastep.send_event_handing($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+        .bind(event.id)
+        .bind(&event.name)
+        .bind(&event.payload)
+        .bind(event.idempotency_key.as_deref())
+        .bind(event.priority)
+        .bind(to.worker_id)
+        .bind(secs(to.lease))
+        .bind(&to.functions.version_ids)
+        .bind(&to.functions.versions)
+        .bind(i32::try_from(to.slots).unwrap_or(i32::MAX))
         .fetch_all(&mut *conn)
         .await?;
-        for row in rows {
-            let ord: i64 = row.try_get("ord")?;
-            let slot = &mut out[duplicates[(ord - 1) as usize]];
-            slot.event_id = row.try_get("id")?;
-            slot.run_ids = row.try_get("run_ids")?;
-        }
+    let Some(first) = rows.first() else {
+        return Err(sqlx::Error::RowNotFound);
+    };
+    let inserted: bool = first.try_get("sent_inserted")?;
+    // `sent_n` is the null-ness of the notify: false when it was sent.
+    let notified = !first.try_get::<bool, _>("sent_n")?;
+    let mut sent = Sent {
+        events: vec![InsertedEvent {
+            event_id: first.try_get("sent_id")?,
+            run_ids: first.try_get("sent_run_ids")?,
+            duplicate: !inserted,
+        }],
+        notified,
+    };
+    if !inserted {
+        report_duplicates(conn, std::slice::from_ref(event), &mut sent.events, &[0]).await?;
     }
-    Ok(Sent { events: out, notified })
+    let (handed, _) = claimed_runs(rows)?;
+    Ok((sent, handed))
 }
