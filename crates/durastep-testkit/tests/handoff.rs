@@ -1,0 +1,92 @@
+//! A run that a send claimed for a worker of its own process, which the
+//! worker can no longer take (it stopped between the send's offer and its
+//! answer), is released at once and runs elsewhere: not left claimed until
+//! its lease expires.
+//!
+//! The `hand-over` failpoint with `error` makes every handoff refused, as by
+//! a stopped worker. The lease is an hour and no reaper runs within the test,
+//! so a run that was not released could only finish after the test's wait.
+
+use std::time::Duration;
+
+use durastep::{Ctx, Engine, Event, Function, WorkerOptions, failpoints};
+use durastep_testkit::{url_of, wait_for};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const LEASE: Duration = Duration::from_secs(3_600);
+const WAIT: Duration = Duration::from_secs(20);
+
+/// The run's history: (state, written by the send's own transaction).
+async fn history(engine: &Engine, run: Uuid, event: Uuid) -> Vec<(String, bool)> {
+    sqlx::query_as(
+        "SELECT h.state, h.xmin::text = (SELECT e.xmin::text FROM durastep.events e WHERE e.id = $2)
+           FROM durastep.run_history h WHERE h.run_id = $1 ORDER BY h.seq",
+    )
+    .bind(run)
+    .bind(event)
+    .fetch_all(engine.pool())
+    .await
+    .unwrap()
+}
+
+/// Catches: a refused handoff that leaves its run claimed (it would wait for
+/// its lease, an hour), and a released run that loses its input or runs twice.
+#[sqlx::test(migrations = false)]
+async fn a_run_handed_to_a_worker_that_is_gone_is_released_and_runs_elsewhere(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let options = WorkerOptions {
+        poll_interval: Duration::from_millis(50),
+        lease: LEASE,
+        heartbeat_interval: LEASE,
+        reap_interval: LEASE,
+        shutdown_grace: Duration::from_millis(100),
+        ..WorkerOptions::default()
+    };
+    let engine = Engine::builder()
+        .database_url(url_of(&opts))
+        .worker_options(options)
+        .function(Function::new("echo").on_event("ping").handler(|_ctx: Ctx, v: Value| async move { Ok(v) }))
+        .build()
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn({
+        let (engine, stop) = (engine.clone(), stop.clone());
+        async move { engine.run_worker(stop).await }
+    });
+    failpoints::set("hand-over", "error");
+    let mut refused = 0;
+    for i in 0..50 {
+        let receipt = engine.send(Event::new("ping", &json!({"i": i}))).await.unwrap();
+        let (run, event) = (receipt.run_ids[0], receipt.event_id);
+        let engine_ref = &engine;
+        let done = wait_for("the run to complete", WAIT, || async move {
+            let r = engine_ref.run(run).await?;
+            Ok(r.state.is_finished().then_some(r))
+        })
+        .await
+        .unwrap();
+        assert_eq!(done.output, Some(json!({"i": i})), "{done:?}");
+        let states = history(&engine, run, event).await;
+        if states.first().is_some_and(|(_, by_send)| *by_send) {
+            // Claimed by the send, refused, released, claimed again, completed.
+            let expected = ["running", "queued", "running", "completed"];
+            let got: Vec<&str> = states.iter().map(|(s, _)| s.as_str()).collect();
+            assert_eq!(got, expected, "run {run}: {states:?}");
+            refused += 1;
+            if refused == 3 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    failpoints::set("hand-over", "off");
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+    assert_eq!(refused, 3, "the sends handed on fewer than 3 runs in 50");
+}
