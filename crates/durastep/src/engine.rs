@@ -215,8 +215,11 @@ impl Engine {
                 let (inserted, handed) =
                     store::insert_event_handing(&mut conn, &prepared[0], &offer.to()).await.map_err(from_sqlx)?;
                 drop(conn);
+                let queued = inserted.events.iter().map(|e| e.run_ids.len()).sum::<usize>() > handed.len();
                 offer.hand_over(&self.inner, handed, sent).await;
-                receipts_of(inserted)
+                let (receipts, notified) = receipts_of(inserted);
+                // Every new run handed on: nothing for the other workers here.
+                (receipts, notified && queued)
             }
             None => insert(&mut conn, &prepared).await?,
         };

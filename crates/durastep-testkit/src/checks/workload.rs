@@ -371,3 +371,16 @@ pub async fn attempt_ends(pool: &PgPool) -> Result<Vec<(Uuid, i64, DateTime<Utc>
 pub async fn reaps(pool: &PgPool) -> Result<Vec<(Uuid, i64, DateTime<Utc>)>> {
     Ok(sqlx::query_as("SELECT run_id, lease_epoch, at FROM testkit_wl_reaps ORDER BY at").fetch_all(pool).await?)
 }
+
+/// How many runs their own send claimed and handed to a worker of the
+/// sender's process (the first `running` history row of the run was written
+/// by the transaction that stored its event).
+pub async fn runs_handed_by_their_send(pool: &PgPool) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id
+          WHERE (SELECT h.xmin::text FROM durastep.run_history h
+                  WHERE h.run_id = r.id AND h.state = 'running' ORDER BY h.seq LIMIT 1) = e.xmin::text",
+    )
+    .fetch_one(pool)
+    .await?)
+}

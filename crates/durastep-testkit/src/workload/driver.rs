@@ -150,11 +150,30 @@ pub async fn run(
     sql::install_observer(&pool).await?;
     // The driver's own engine registers the workload functions (sends fan out to them).
     let ledger = Ledger::with_pool(pool.clone(), "driver");
-    let mut builder = Engine::builder().pool(pool.clone()).migrate(false);
+    // It also runs a worker of its own, as an application that sends from
+    // the process its worker runs in: a one-event send then hands its run
+    // straight to that worker when it waits idle and nothing else is due.
+    let options = durastep::WorkerOptions {
+        max_in_flight: config.max_in_flight,
+        claim_batch: config.claim_batch,
+        claim_ahead: config.claim_ahead,
+        poll_interval: config.poll,
+        lease: config.lease,
+        heartbeat_interval: config.heartbeat,
+        reap_interval: config.reap,
+        shutdown_grace: config.shutdown_grace,
+        ..durastep::WorkerOptions::default()
+    };
+    let mut builder = Engine::builder().pool(pool.clone()).migrate(false).worker_options(options);
     for f in super::functions(&ledger) {
         builder = builder.function(f);
     }
     let engine = builder.build().await?;
+    let stop_local = tokio_util::sync::CancellationToken::new();
+    let local_worker = tokio::spawn({
+        let (engine, stop) = (engine.clone(), stop_local.clone());
+        async move { engine.run_worker(stop).await }
+    });
     let mut config = config;
     config.workload = true;
     if let Some(p) = proxy {
@@ -239,6 +258,9 @@ pub async fn run(
             break;
         }
     }
+    stop_local.cancel();
+    local_worker.await.map_err(|e| crate::Error::Unexpected(format!("the driver's worker: {e}")))??;
+    out.count("runs_handed_by_their_send", sql::runs_handed_by_their_send(&pool).await?);
     out.count("drain_rounds", rounds);
     out.count("drain_ms", i64::try_from(drained_at.elapsed().as_millis()).unwrap_or(i64::MAX));
     let lease = config.lease;
