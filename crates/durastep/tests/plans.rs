@@ -14,19 +14,19 @@ use sqlx::{Connection, PgConnection};
 
 const EXECUTIONS: i64 = 12;
 
-/// Runs `sql` (a claim of 1 to 32 runs of function `f`) `EXECUTIONS` times
+/// Runs `sql` (a claim of 1 to 32 runs of `function`) `EXECUTIONS` times
 /// on one connection and returns the number of custom and generic plans
 /// Postgres made for it.
-async fn plans_of(conn: &mut PgConnection, sql: &'static str, full: bool) -> (i64, i64) {
+async fn plans_of(conn: &mut PgConnection, sql: &'static str, full: bool, function: &str) -> (i64, i64) {
     let worker = uuid::Uuid::new_v4();
     for i in 0..EXECUTIONS {
         // A worker asks for as many runs as it has room for: 1 to 32.
         let limit = 1 + (i * 7) % 32;
-        let mut q = sqlx::query(sql).bind(vec!["f"]).bind(limit).bind(30.0f64).bind(worker);
+        let mut q = sqlx::query(sql).bind(vec![function]).bind(limit).bind(30.0f64).bind(worker);
         if full {
             q = q.bind(1.0f64);
         }
-        q.bind(vec!["f"]).bind(vec![0i32]).execute(&mut *conn).await.expect("claim");
+        q.bind(vec![function]).bind(vec![0i32]).execute(&mut *conn).await.expect("claim");
     }
     sqlx::query_as(
         "SELECT custom_plans, generic_plans FROM pg_prepared_statements
@@ -80,10 +80,56 @@ async fn the_claims_keep_a_generic_plan(_p: PgPoolOptions, opts: PgConnectOption
             false,
         ),
     ] {
-        let (custom, generic) = plans_of(&mut conn, sql, full).await;
+        let (custom, generic) = plans_of(&mut conn, sql, full, "f").await;
         assert!(
             custom <= 5 && generic >= EXECUTIONS - 5,
             "{name} was planned for its values {custom} times in {EXECUTIONS} executions ({generic} generic)"
         );
     }
+}
+
+/// Catches: the full claim planned again on every execution when the
+/// function it claims for has flow rules and a backlog over many keys (its
+/// flow CTEs then read `flow_keys` and park runs, which the test above, a
+/// function without rules, never does).
+#[sqlx::test(migrations = false)]
+async fn the_full_claim_keeps_a_generic_plan_under_flow_control(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let handler = |_ctx: Ctx, v: Value| async move { Ok(v) };
+    let limited = Function::new("g")
+        .on_event("go")
+        .concurrency(durastep::Concurrency::new(2).key("/account"))
+        .throttle(durastep::Throttle::new(50, std::time::Duration::from_secs(1)).key("/account"))
+        .handler(handler);
+    let engine = common::engine(&opts, vec![limited]).await;
+    for table in ["runs", "events", "run_history", "flow_keys"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("ALTER TABLE durastep.{table} SET (autovacuum_enabled = false)")))
+            .execute(engine.pool())
+            .await
+            .expect("autovacuum off");
+    }
+    // 4,000 runs over 40 accounts: each claim admits two per account and
+    // parks the rest of what it looked at.
+    let seed: Vec<Event> = (0..4000).map(|i| Event::new("go", &serde_json::json!({"account": i % 40}))).collect();
+    for chunk in seed.chunks(1000) {
+        engine.send_batch(chunk.to_vec()).await.expect("seed runs");
+    }
+    let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
+    sqlx::query("ANALYZE").execute(&mut conn).await.expect("analyze");
+    let sql = concat!(include_str!("../src/store/sql/claim.sql"), include_str!("../src/store/sql/run_records.sql"));
+    let (custom, generic) = plans_of(&mut conn, sql, true, "g").await;
+    // The claims went through the flow rules: some runs started, never
+    // more than two per account.
+    let (running, most): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), coalesce(max(n), 0) FROM (
+             SELECT count(*) AS n FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id
+              WHERE r.state = 'running' GROUP BY e.payload->'account') a",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .expect("running runs");
+    assert!(running > 0 && most <= 2, "{running} accounts running, at most {most} runs on one");
+    assert!(
+        custom <= 5 && generic >= EXECUTIONS - 5,
+        "the full claim under flow control was planned for its values {custom} times in {EXECUTIONS} executions ({generic} generic)"
+    );
 }
