@@ -403,8 +403,13 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 sent_order.push_back((task.id(), want.fast));
                 continue;
             }
-            // Idle with nothing due: offer the free slots to the sends of this process.
-            let idle_waiting = hold_until.is_some() && failures == 0 && claims.is_empty() && ready.is_empty();
+            // Idle with nothing due: offer the free slots to the sends of this
+            // process (if it has functions whose runs may be handed on).
+            let idle_waiting = hold_until.is_some()
+                && failures == 0
+                && claims.is_empty()
+                && ready.is_empty()
+                && !classes.fast.ids.is_empty();
             handoff.open.store(if idle_waiting { slots.available_permits() } else { 0 }, Ordering::Release);
             let sleep_until = hold_until.unwrap_or_else(|| tokio::time::Instant::now() + opts.poll_interval);
             let give_back_at =
