@@ -669,12 +669,7 @@ impl Ctx {
         Fut: Future<Output = HandlerResult<T>> + Send,
     {
         let key = self.next_key(EntryKind::Step, name);
-        // A stored step (a replay): its value, read now, and none of the rest
-        // of the step's machinery (a replay of 1,000 steps makes 1,000 calls).
-        let memoized = match &key {
-            Ok(asked) => self.stored::<T>(&asked.key),
-            Err(_) => None,
-        };
+        let memoized = self.memoized::<T>(&key);
         let ctx = self.clone();
         let name = if memoized.is_some() { String::new() } else { name.to_owned() };
         let timeout = options.timeout.or(self.inner.step_timeout);
@@ -687,6 +682,15 @@ impl Ctx {
         }
     }
 
+    /// The stored value of a step asked for by key (a replay), read when the
+    /// step is called: a memoized step then needs none of the rest of the
+    /// step's machinery (a replay of 1,000 steps makes 1,000 calls).
+    fn memoized<T: DeserializeOwned>(&self, key: &Result<Asked, KeyError>) -> Option<HandlerResult<T>> {
+        key.as_ref().ok().and_then(|asked| self.stored(&asked.key))
+    }
+
+    /// Runs a step that has no stored value: see [`Ctx::memoized`], which
+    /// every caller asks first.
     async fn step_keyed<T, F, Fut>(&self, asked: Asked, name: &str, f: F, timeout: Option<Duration>) -> HandlerResult<T>
     where
         T: Serialize + DeserializeOwned + Send,
@@ -696,9 +700,6 @@ impl Ctx {
         let ctx = self;
         let key = asked.key.clone();
         {
-            if let Some(stored) = ctx.stored(&key) {
-                return stored;
-            }
             ctx.fresh_work().await;
             let span = tracing::info_span!(parent: &ctx.inner.span, "step", step = %key, attempt = ctx.inner.attempt);
             async {
@@ -766,9 +767,13 @@ impl Ctx {
         Fut: Future<Output = HandlerResult<T>> + Send,
     {
         let key = self.next_key(EntryKind::Step, name);
+        let memoized = self.memoized::<T>(&key);
         let ctx = self.clone();
-        let name = name.to_owned();
+        let name = if memoized.is_some() { String::new() } else { name.to_owned() };
         async move {
+            if let Some(stored) = memoized {
+                return stored;
+            }
             let asked = ctx.asked(key).await?;
             let token = format!("{}:{}", ctx.inner.run_id, asked.key);
             ctx.step_keyed(asked, &name, move || f(token), ctx.inner.step_timeout).await

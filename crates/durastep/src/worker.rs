@@ -159,22 +159,22 @@ fn lock(held: &HeldRuns) -> std::sync::MutexGuard<'_, HashMap<Uuid, Held>> {
 /// of its own (docs/architecture.md "The send hands its run to a worker of
 /// its own process").
 #[derive(Default)]
-pub(crate) struct LocalWorkers(std::sync::Mutex<Vec<(std::sync::Weak<Notify>, std::sync::Weak<Handoff>)>>);
+pub(crate) struct LocalWorkers(std::sync::Mutex<Vec<std::sync::Weak<Handoff>>>);
 
 impl LocalWorkers {
-    /// Adds a worker; it is forgotten once the worker has dropped its parts.
-    fn register(&self, wake: &Arc<Notify>, handoff: &Arc<Handoff>) {
+    /// Adds a worker; it is forgotten once the worker has ended.
+    fn register(&self, handoff: &Arc<Handoff>) {
         let mut workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        workers.retain(|(w, _)| w.strong_count() > 0);
-        workers.push((Arc::downgrade(wake), Arc::downgrade(handoff)));
+        workers.retain(|w| w.strong_count() > 0);
+        workers.push(Arc::downgrade(handoff));
     }
 
     /// Wakes every worker of this process (a wake-up while a worker claims
     /// is kept for its next wait, as a NOTIFY's is).
     pub(crate) fn wake(&self) {
         let workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for wake in workers.iter().filter_map(|(w, _)| w.upgrade()) {
-            wake.notify_one();
+        for worker in workers.iter().filter_map(std::sync::Weak::upgrade) {
+            worker.wake.notify_one();
         }
     }
 
@@ -183,15 +183,17 @@ impl LocalWorkers {
     /// offers again): the send may claim up to that many runs for it.
     pub(crate) fn take_offer(&self) -> Option<Offer> {
         let workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        workers.iter().filter_map(|(_, h)| h.upgrade()).find_map(|handoff| {
+        workers.iter().filter_map(std::sync::Weak::upgrade).find_map(|handoff| {
             let slots = handoff.open.swap(0, Ordering::AcqRel);
             (slots > 0).then_some(Offer { handoff, slots })
         })
     }
 }
 
-/// How a worker takes runs that a send of its process claimed for it.
+/// How the sends of its process reach a worker: its wake-up, and the runs
+/// they claimed for it.
 pub(crate) struct Handoff {
+    wake: Arc<Notify>,
     worker_id: Uuid,
     lease: Duration,
     /// Its functions without claim-time flow rules: only their runs are handed.
@@ -265,13 +267,14 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         let wake = Arc::new(Notify::new());
         let (handed_tx, mut handed) = tokio::sync::mpsc::unbounded_channel();
         let handoff = Arc::new(Handoff {
+            wake: wake.clone(),
             worker_id,
             lease: opts.lease,
             functions: classes.clone(),
             open: AtomicUsize::new(0),
             runs: handed_tx,
         });
-        engine.local_workers.register(&wake, &handoff);
+        engine.local_workers.register(&handoff);
         let slot_freed = Arc::new(Turnover::default());
         let waiting_lost = Arc::new(Notify::new());
         let stop_background = CancellationToken::new();

@@ -335,7 +335,9 @@ async fn handed_by_its_send(engine: &Engine, run_id: uuid::Uuid, event_id: uuid:
 /// Sends `event` through `engine` until a send hands its run to the idle
 /// worker of the process (the worker offers its slots once its last claim
 /// found nothing due); each run must complete once with its input. Returns
-/// how many sends it took.
+/// how many sends it took. Between sends it waits longer each time (20 ms,
+/// 40 ms, ... up to 1 s), so that a busy machine's slow empty claim delays
+/// the offer, not the test's verdict.
 async fn send_until_handed(engine: &Engine, name: &str) -> usize {
     for i in 1..=50 {
         let receipt = engine.send(Event::new(name, &json!({"i": i}))).await.unwrap();
@@ -344,7 +346,7 @@ async fn send_until_handed(engine: &Engine, name: &str) -> usize {
         if handed_by_its_send(engine, receipt.run_ids[0], receipt.event_id).await {
             return i;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20 * i.min(50) as u64)).await;
     }
     panic!("no send handed its run to the idle worker of its process in 50 sends");
 }

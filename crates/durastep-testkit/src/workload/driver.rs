@@ -162,6 +162,7 @@ pub async fn run(
         heartbeat_interval: config.heartbeat,
         reap_interval: config.reap,
         shutdown_grace: config.shutdown_grace,
+        listen: config.listen,
         ..durastep::WorkerOptions::default()
     };
     let mut builder = Engine::builder().pool(pool.clone()).migrate(false).worker_options(options);
