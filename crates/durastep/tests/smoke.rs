@@ -145,3 +145,35 @@ async fn a_connection_closed_while_idle_is_replaced_before_use(_p: PgPoolOptions
     let now: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&pool).await.expect("a fresh connection");
     assert_ne!(now, pid, "the statement ran on the closed connection");
 }
+
+/// Catches: connections that send with Nagle's algorithm on. sqlx 0.9.0
+/// stopped setting `TCP_NODELAY` (0.9.1 sets it again): then the tail of
+/// every statement longer than a TCP segment (a group commit of a few
+/// hundred checkpoints, a batch send) waited for the server's delayed ACK,
+/// 40 ms or more on Linux, and the 256-in-flight matrix ran at half speed
+/// (docs/performance.md "Nagle's algorithm"). With Nagle on, every one of
+/// these round trips stalls, so the fastest of ten tells, however busy the
+/// machine is.
+#[sqlx::test(migrations = false)]
+async fn a_statement_longer_than_a_tcp_segment_does_not_wait_for_a_delayed_ack(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pool = durastep::pool_options().max_connections(1).connect_with(opts).await.unwrap();
+    let port: Option<i32> = sqlx::query_scalar("SELECT inet_client_port()").fetch_one(&pool).await.unwrap();
+    assert!(port.is_some(), "this test needs the database over TCP, not a Unix socket");
+    for bytes in [100_000, 200_000, 400_000] {
+        let value = "x".repeat(bytes);
+        let mut fastest = Duration::MAX;
+        for _ in 0..10 {
+            let started = std::time::Instant::now();
+            let n: i32 = sqlx::query_scalar("SELECT length($1)").bind(&value).fetch_one(&pool).await.unwrap();
+            fastest = fastest.min(started.elapsed());
+            assert_eq!(n as usize, bytes);
+        }
+        assert!(
+            fastest < Duration::from_millis(30),
+            "a {bytes}-byte statement took at least {fastest:?} in ten tries: its tail waited for a delayed ACK"
+        );
+    }
+}
