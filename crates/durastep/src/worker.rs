@@ -67,7 +67,9 @@ pub struct WorkerOptions {
     pub shutdown_grace: Duration,
     /// Use LISTEN/NOTIFY for low latency (default true); polling alone still guarantees progress.
     pub listen: bool,
-    /// Group-commit writer tasks (default 2).
+    /// Group-commit writer tasks (default 2): at most this many commits of
+    /// checkpoints and completions in flight at once. A second one starts
+    /// only with at least 64 writes; fewer wait for the next commit.
     pub writers: usize,
     /// Automatic pruning: when set, this worker deletes finished runs (with
     /// their steps, history and events) that finished longer ago than this,
