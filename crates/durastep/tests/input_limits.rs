@@ -431,6 +431,15 @@ async fn run_as(app: &PgConnectOptions) -> Result<(), String> {
     let run = engine.wait_for_run(ok.run_ids[0], DEADLINE).await.map_err(|e| fail(&e))?;
     let failed = engine.wait_for_run(bad.run_ids[0], DEADLINE).await.map_err(|e| fail(&e))?;
     let handler_ran = wait_for_failure_handler(engine.pool(), DEADLINE).await;
+    // The handing send too: the sends above take it only when they find the
+    // worker idle, so call it directly (an event no function takes).
+    sqlx::query(
+        "SELECT * FROM durastep.send_event_handing(gen_random_uuid(), 'role/nobody', '1', NULL, 0,
+                                                   gen_random_uuid(), 30, ARRAY['steps'], ARRAY[0], 1)",
+    )
+    .fetch_all(engine.pool())
+    .await
+    .map_err(|e| format!("the handing send: {e}"))?;
     shutdown.cancel();
     worker.await.map_err(|e| fail(&e))?.map_err(|e| fail(&e))?;
 

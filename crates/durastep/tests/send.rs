@@ -426,12 +426,7 @@ async fn a_handing_send_probes_the_due_index_not_the_table(_p: PgPoolOptions, op
         .fetch_one(&mut *tx)
         .await
         .unwrap();
-    let before: i64 = sqlx::query_scalar(
-        "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = 'durastep' AND relname = 'runs'",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
+    let before = runs_seq_scans(&mut tx).await;
     let handed: Option<uuid::Uuid> = sqlx::query_scalar(
         "SELECT id FROM durastep.send_event_handing(gen_random_uuid(), 'ping', '1', NULL, 0, gen_random_uuid(), 30,
                                                     ARRAY['echo'], ARRAY[$1], 1)",
@@ -440,13 +435,18 @@ async fn a_handing_send_probes_the_due_index_not_the_table(_p: PgPoolOptions, op
     .fetch_one(&mut *tx)
     .await
     .unwrap();
-    let after: i64 = sqlx::query_scalar(
-        "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = 'durastep' AND relname = 'runs'",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
+    let after = runs_seq_scans(&mut tx).await;
     tx.rollback().await.unwrap();
     assert!(handed.is_some(), "nothing else was due: the run should have been handed on");
     assert_eq!(after - before, 0, "the handing send scanned durastep.runs");
+}
+
+/// Sequential scans of `durastep.runs` so far in this transaction.
+async fn runs_seq_scans(tx: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = 'durastep' AND relname = 'runs'",
+    )
+    .fetch_one(tx)
+    .await
+    .unwrap()
 }
