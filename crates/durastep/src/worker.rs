@@ -419,7 +419,11 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             let sleep_until = hold_until.unwrap_or_else(|| tokio::time::Instant::now() + opts.poll_interval);
             let give_back_at =
                 ready.iter().map(|r| r.received).min().map_or(sleep_until, |r| (r + AHEAD_WAIT_MAX).into());
+            // The stop first: a worker woken by its stop and a handed run at
+            // once stops, and gives the run back below.
             tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
                 Some(done) = claims.join_next_with_id(), if !claims.is_empty() => {
                     let id = match &done {
                         Ok((id, _)) => *id,
@@ -489,7 +493,6 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     }
                 }
                 _ = tokio::time::sleep_until(sleep_until), if hold_until.is_some() => hold_until = None,
-                _ = shutdown.cancelled() => break,
             }
         }
 
