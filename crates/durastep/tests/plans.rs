@@ -133,3 +133,76 @@ async fn the_full_claim_keeps_a_generic_plan_under_flow_control(_p: PgPoolOption
         "the full claim under flow control was planned for its values {custom} times in {EXECUTIONS} executions ({generic} generic)"
     );
 }
+
+/// Index entries of `runs_running` read so far, as the statistics have them.
+async fn running_index_reads(conn: &mut PgConnection) -> i64 {
+    sqlx::query_scalar("SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'runs_running'")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("runs_running's statistics")
+}
+
+/// Catches: a checkpoint flush that finds its runs through the partial index
+/// `runs_running` (every running run of every worker, each compared with the
+/// whole id array) instead of by id: Postgres chose that plan when the state
+/// was in the same `WHERE` as the ids and few of the table's runs were
+/// running, and so every flush read all 500 other running runs here (at 256
+/// runs in flight a few percent of the server's CPU; with more workers, more
+/// for every flush). The statistics count the index entries read: the 20
+/// flushes of the old statement read 10,000 and more.
+#[sqlx::test(migrations = false)]
+async fn a_flush_reads_only_its_own_runs(_p: PgPoolOptions, opts: PgConnectOptions) {
+    const OTHERS: i64 = 500;
+    let steps = Function::new("steps").on_event("go").handler(|ctx: Ctx, _v: Value| async move {
+        for i in 0..20 {
+            ctx.step(&format!("s{i}"), || async move { Ok(i) }).await?;
+        }
+        Ok(())
+    });
+    let other = Function::new("other").on_event("seed").handler(|_ctx: Ctx, v: Value| async move { Ok(v) });
+    // No reaper within the test: it reads every running run by design.
+    let options =
+        durastep::WorkerOptions { reap_interval: std::time::Duration::from_secs(3_600), ..common::fast_options() };
+    let engine = common::engine_with(&opts, vec![steps, other], options).await;
+    // Other workers' running runs, among 10,000, as the planner sees them.
+    let seed: Vec<Event> = (0..10_000).map(|i| Event::new("seed", &i)).collect();
+    for chunk in seed.chunks(1000) {
+        engine.send_batch(chunk.to_vec()).await.expect("seed runs");
+    }
+    let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
+    sqlx::query(
+        "UPDATE durastep.runs SET state = CASE WHEN n <= $1 THEN 'running' ELSE 'completed' END,
+                worker_id = CASE WHEN n <= $1 THEN gen_random_uuid() END,
+                lease_epoch = 1, lease_expires_at = CASE WHEN n <= $1 THEN durastep.now() + interval '1 hour' END,
+                finished_at = CASE WHEN n > $1 THEN durastep.now() END
+           FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM durastep.runs) o WHERE o.id = runs.id",
+    )
+    .bind(OTHERS)
+    .execute(&mut conn)
+    .await
+    .expect("other workers' runs");
+    sqlx::query("ANALYZE durastep.runs").execute(&mut conn).await.expect("analyze");
+    let before = running_index_reads(&mut conn).await;
+
+    let worker = common::spawn_worker(&engine);
+    let run = engine.send(Event::new("go", &0)).await.expect("send").run_ids[0];
+    common::wait_for_run_where(&engine, run, "the run to complete", |r| r.state.is_finished()).await;
+    worker.stop().await;
+    // Statistics reach the shared counters about a second after each backend
+    // goes idle: wait until the 20 step rows are counted.
+    common::wait_until("the flushes in the statistics", || {
+        let pool = engine.pool().clone();
+        async move {
+            let inserted: i64 = sqlx::query_scalar(
+                "SELECT n_tup_ins FROM pg_stat_user_tables WHERE schemaname = 'durastep' AND relname = 'step_results'",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("step_results' statistics");
+            inserted >= 20
+        }
+    })
+    .await;
+    let read = running_index_reads(&mut conn).await - before;
+    assert!(read < OTHERS, "the flushes read {read} entries of runs_running ({OTHERS} other running runs)");
+}

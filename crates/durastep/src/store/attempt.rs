@@ -62,6 +62,17 @@ pub(crate) enum WriteOutcome {
 /// per flush here against 0.3 ms to execute it; `benches/sql/plans.sh`,
 /// docs/performance.md "Plans"). Through `p` both plans estimate alike, and
 /// the generic one is kept after the first five executions.
+///
+/// `l` finds its run rows by id alone and reads `state = 'running'` after the
+/// lock (`live`, from the row version the lock returns, as the `WHERE` would
+/// have been rechecked on it): with the state in its `WHERE`, Postgres chose
+/// the partial index `runs_running` and read every running run of every
+/// worker, comparing each with the whole id array, on every flush, whenever
+/// few of the table's runs were running (docs/performance.md "A flush that
+/// read every running run"; `tests/plans.rs`). For the same reason a write
+/// the lock skipped looks its run up by id (a scalar subquery) to tell a
+/// run locked by another transaction from a fenced one: as an `EXISTS` it
+/// became a hash over every running run.
 macro_rules! flush_sql {
     ($lock:literal, $fin:ident, $fin_history:ident) => {
         concat!(
@@ -79,21 +90,21 @@ macro_rules! flush_sql {
              SELECT t.* FROM p, unnest(p.dn_run, p.dn_epoch, p.dn_output)
                  WITH ORDINALITY AS t(run_id, epoch, output, ord)),
          l AS (
-             SELECT r.id, r.lease_epoch FROM durastep.runs r
-              WHERE r.id = ANY ((SELECT p.cp_run || p.dn_run FROM p)::uuid[]) AND r.state = 'running'
+             SELECT r.id, r.lease_epoch, r.state = 'running' AS live FROM durastep.runs r
+              WHERE r.id = ANY ((SELECT p.cp_run || p.dn_run FROM p)::uuid[])
               ORDER BY r.id ",
             $lock,
             "),
          ins AS (
              INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt)
              SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt
-               FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
+               FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
              ON CONFLICT (run_id, step_key) DO NOTHING
              RETURNING run_id, step_key),
          jr AS (
              INSERT INTO durastep.step_journal (run_id, position, kind, step_key)
              SELECT cp.run_id, cp.position, cp.kind, cp.step_key
-               FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
+               FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
              ON CONFLICT DO NOTHING),
          fin AS (",
             $fin!(),
@@ -102,16 +113,14 @@ macro_rules! flush_sql {
             $fin_history!(),
             ")
          SELECT 0, cp.ord, (l.id IS NOT NULL), (ins.run_id IS NOT NULL),
-                (l.id IS NULL AND EXISTS (SELECT 1 FROM durastep.runs b
-                                           WHERE b.id = cp.run_id AND b.lease_epoch = cp.epoch
-                                             AND b.state = 'running'))
-           FROM cp LEFT JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
+                (l.id IS NULL AND coalesce((SELECT b.lease_epoch = cp.epoch AND b.state = 'running'
+                                              FROM durastep.runs b WHERE b.id = cp.run_id), false))
+           FROM cp LEFT JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
            LEFT JOIN ins ON ins.run_id = cp.run_id AND ins.step_key = cp.step_key
          UNION ALL
          SELECT 1, dn.ord, (fin.id IS NOT NULL), (fin.id IS NOT NULL),
-                (fin.id IS NULL AND EXISTS (SELECT 1 FROM durastep.runs b
-                                             WHERE b.id = dn.run_id AND b.lease_epoch = dn.epoch
-                                               AND b.state = 'running'))
+                (fin.id IS NULL AND coalesce((SELECT b.lease_epoch = dn.epoch AND b.state = 'running'
+                                                FROM durastep.runs b WHERE b.id = dn.run_id), false))
            FROM dn LEFT JOIN fin ON fin.id = dn.run_id"
         )
     };
@@ -125,7 +134,7 @@ macro_rules! fin_complete {
         "UPDATE durastep.runs r
                 SET state = 'completed', output = dn.output::jsonb, finished_at = durastep.now(),
                     lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
-               FROM dn JOIN l ON l.id = dn.run_id AND l.lease_epoch = dn.epoch
+               FROM dn JOIN l ON l.id = dn.run_id AND l.lease_epoch = dn.epoch AND l.live
               WHERE r.id = dn.run_id
              RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at"
     };
