@@ -200,6 +200,11 @@ async fn a_worker_claims_at_most_claim_ahead_runs_ahead(_p: PgPoolOptions, opts:
     for n in 0..2 {
         engine.send(Event::new("go", &("block", n))).await.unwrap();
     }
+    // The runs that wait are sent once both slots are blocked: sent before,
+    // some could start (and finish) between the two blocking runs, which
+    // is not claiming ahead (on a busy machine they did, and were counted).
+    entered[0].reached("the first blocking run to start").await;
+    entered[1].reached("the second blocking run to start").await;
     let waiting: Vec<uuid::Uuid> = engine
         .send_batch((0..12).map(|n| Event::new("go", &("wait", n))).collect())
         .await
@@ -207,8 +212,6 @@ async fn a_worker_claims_at_most_claim_ahead_runs_ahead(_p: PgPoolOptions, opts:
         .into_iter()
         .map(|r| r.run_ids[0])
         .collect();
-    entered[0].reached("the first blocking run to start").await;
-    entered[1].reached("the second blocking run to start").await;
     let mut most = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
     while tokio::time::Instant::now() < deadline {

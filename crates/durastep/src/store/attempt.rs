@@ -128,11 +128,13 @@ macro_rules! flush_sql {
 
 /// The `fin` CTE of `flush_sql!` that completes runs (fenced by `l`). It
 /// flips `history_noted`: `fin_history` writes their history rows, so the
-/// `runs_history` trigger stays quiet for them (migration 0020).
+/// `runs_history` trigger stays quiet for them (migration 0020). The clock
+/// is read once (an InitPlan): `durastep.now()` is a PL/pgSQL function, 3-4
+/// us a call, and was called once per completed run.
 macro_rules! fin_complete {
     () => {
         "UPDATE durastep.runs r
-                SET state = 'completed', output = dn.output::jsonb, finished_at = durastep.now(),
+                SET state = 'completed', output = dn.output::jsonb, finished_at = (SELECT durastep.now()),
                     lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
                FROM dn JOIN l ON l.id = dn.run_id AND l.lease_epoch = dn.epoch AND l.live
               WHERE r.id = dn.run_id
