@@ -12,14 +12,14 @@
 
 use std::time::Duration;
 
-use durastep::{Ctx, Engine, Event, Function, WorkerOptions, failpoints};
-use durastep_testkit::{url_of, wait_for};
-use serde_json::{Value, json};
+use durastep::{Engine, Event, failpoints};
+use durastep_testkit::wait_for;
+use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-const LEASE: Duration = Duration::from_secs(3_600);
+mod handoff_common;
+
 const WAIT: Duration = Duration::from_secs(20);
 
 /// The run's history: (state, written by the send's own transaction).
@@ -44,26 +44,8 @@ async fn a_run_handed_to_a_worker_that_is_gone_is_released_and_runs_elsewhere(
     _p: PgPoolOptions,
     opts: PgConnectOptions,
 ) {
-    let options = WorkerOptions {
-        poll_interval: Duration::from_secs(600),
-        lease: LEASE,
-        heartbeat_interval: LEASE,
-        reap_interval: LEASE,
-        shutdown_grace: Duration::from_millis(100),
-        ..WorkerOptions::default()
-    };
-    let engine = Engine::builder()
-        .database_url(url_of(&opts))
-        .worker_options(options)
-        .function(Function::new("echo").on_event("ping").handler(|_ctx: Ctx, v: Value| async move { Ok(v) }))
-        .build()
-        .await
-        .unwrap();
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (engine, stop) = (engine.clone(), stop.clone());
-        async move { engine.run_worker(stop).await }
-    });
+    let engine = handoff_common::engine(&opts).await;
+    let (stop, worker) = handoff_common::spawn_worker(&engine);
     failpoints::set("hand-over", "error");
     let mut refused = 0;
     for i in 0..50 {

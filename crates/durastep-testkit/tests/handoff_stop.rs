@@ -15,14 +15,14 @@
 
 use std::time::Duration;
 
-use durastep::{Ctx, Engine, Event, Function, WorkerOptions, failpoints};
-use durastep_testkit::{url_of, wait_for};
+use durastep::{Engine, Event, failpoints};
+use durastep_testkit::wait_for;
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-const LEASE: Duration = Duration::from_secs(3_600);
+mod handoff_common;
+
 const WAIT: Duration = Duration::from_secs(20);
 
 async fn states(engine: &Engine, run: Uuid) -> Vec<String> {
@@ -49,26 +49,8 @@ async fn finished(engine: &Engine, run: Uuid) -> Value {
 /// that loses its input.
 #[sqlx::test(migrations = false)]
 async fn a_run_handed_to_a_stopping_worker_is_given_back(_p: PgPoolOptions, opts: PgConnectOptions) {
-    let options = WorkerOptions {
-        poll_interval: Duration::from_secs(600),
-        lease: LEASE,
-        heartbeat_interval: LEASE,
-        reap_interval: LEASE,
-        shutdown_grace: Duration::from_millis(100),
-        ..WorkerOptions::default()
-    };
-    let engine = Engine::builder()
-        .database_url(url_of(&opts))
-        .worker_options(options)
-        .function(Function::new("echo").on_event("ping").handler(|_ctx: Ctx, v: Value| async move { Ok(v) }))
-        .build()
-        .await
-        .unwrap();
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (engine, stop) = (engine.clone(), stop.clone());
-        async move { engine.run_worker(stop).await }
-    });
+    let engine = handoff_common::engine(&opts).await;
+    let (stop, worker) = handoff_common::spawn_worker(&engine);
     failpoints::set("hand-over", "block");
     let mut handed = None;
     for i in 0..50u64 {
@@ -107,11 +89,7 @@ async fn a_run_handed_to_a_stopping_worker_is_given_back(_p: PgPoolOptions, opts
     assert_eq!(states(&engine, run).await, ["running", "queued"], "given back at once, as queued");
 
     // Another worker takes it (its lease of an hour would hold it otherwise).
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (engine, stop) = (engine.clone(), stop.clone());
-        async move { engine.run_worker(stop).await }
-    });
+    let (stop, worker) = handoff_common::spawn_worker(&engine);
     assert_eq!(finished(&engine, run).await, json!({"i": i}));
     assert_eq!(states(&engine, run).await, ["running", "queued", "running", "completed"]);
     stop.cancel();
