@@ -85,13 +85,7 @@ impl Writer {
         stop: CancellationToken,
         config: WriterConfig,
     ) -> (Writer, Vec<tokio::task::JoinHandle<()>>) {
-        let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-        let shared = Arc::new(Shared {
-            rx: Mutex::new(rx),
-            flushing: AtomicUsize::new(0),
-            flushed: Notify::new(),
-            released: AtomicUsize::new(0),
-        });
+        let (shared, tx) = Shared::queue();
         // Supervised: a panicking flush fails its own batch (its steps see an
         // error and their attempts are retried), and the writer goes on.
         let handles = (0..config.tasks.max(1))
@@ -122,6 +116,20 @@ struct Shared {
     /// Writes of the flush that ended last: the steps it released are
     /// about to queue their next writes.
     released: AtomicUsize,
+}
+
+impl Shared {
+    /// The queue the steps write to, and what its writer tasks share.
+    fn queue() -> (Arc<Shared>, mpsc::Sender<(PendingWrite, Reply)>) {
+        let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+        let shared = Shared {
+            rx: Mutex::new(rx),
+            flushing: AtomicUsize::new(0),
+            flushed: Notify::new(),
+            released: AtomicUsize::new(0),
+        };
+        (Arc::new(shared), tx)
+    }
 }
 
 /// Counts a flush of `writes` writes in flight until dropped (a panicking
@@ -404,19 +412,6 @@ mod tests {
         }
     }
 
-    fn writers() -> (Arc<Shared>, mpsc::Sender<(PendingWrite, Reply)>) {
-        let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-        (
-            Arc::new(Shared {
-                rx: Mutex::new(rx),
-                flushing: AtomicUsize::new(0),
-                flushed: Notify::new(),
-                released: AtomicUsize::new(0),
-            }),
-            tx,
-        )
-    }
-
     async fn queue(tx: &mpsc::Sender<(PendingWrite, Reply)>, n: usize) {
         for _ in 0..n {
             tx.send((cp(1), oneshot::channel().0)).await.unwrap();
@@ -429,7 +424,7 @@ mod tests {
     /// 20-40% slower), instead of adding them to the next flush.
     #[tokio::test]
     async fn a_small_batch_waits_for_the_flush_in_flight() {
-        let (shared, tx) = writers();
+        let (shared, tx) = Shared::queue();
         let in_flight = Flushing::start(&shared, 1);
         queue(&tx, 3).await;
         let collector = {
@@ -455,7 +450,7 @@ mod tests {
     /// commit at a time).
     #[tokio::test]
     async fn a_batch_worth_a_commit_goes_beside_the_flush_in_flight() {
-        let (shared, tx) = writers();
+        let (shared, tx) = Shared::queue();
         let _in_flight = Flushing::start(&shared, 1);
         queue(&tx, OVERLAP_MIN_BATCH).await;
         let mut batch = Vec::new();
@@ -464,7 +459,7 @@ mod tests {
         assert_eq!(go, Ok(true), "a full batch waited for the flush in flight");
         assert_eq!(batch.len(), OVERLAP_MIN_BATCH);
         // With nothing in flight, one write goes at once.
-        let (shared, tx) = writers();
+        let (shared, tx) = Shared::queue();
         queue(&tx, 1).await;
         let mut batch = Vec::new();
         assert!(collect(&shared, &mut batch, &CancellationToken::new(), 512).await);
@@ -476,7 +471,7 @@ mod tests {
     /// in flight, flushes of 1 and of 15 writes alternated).
     #[tokio::test]
     async fn the_steps_a_flush_released_join_the_next_flush() {
-        let (shared, tx) = writers();
+        let (shared, tx) = Shared::queue();
         drop(Flushing::start(&shared, 3));
         queue(&tx, 1).await;
         for _ in 0..2 {
@@ -500,7 +495,7 @@ mod tests {
     /// or dropped the writes it had collected.
     #[tokio::test]
     async fn a_stopping_writer_flushes_what_it_collected() {
-        let (shared, tx) = writers();
+        let (shared, tx) = Shared::queue();
         let _in_flight = Flushing::start(&shared, 1);
         queue(&tx, 2).await;
         let stop = CancellationToken::new();
