@@ -33,6 +33,12 @@ use tracing_subscriber::{Layer, filter::Targets};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_bench-worker");
 const SAMPLES: usize = 300;
+/// How long every sample rests before it sends, the raw baseline's too: an
+/// idle worker must have finished the last run and gone back to waiting, and
+/// a machine that rested this long answers its next statement more slowly
+/// (the raw baseline's median here: 1.20 ms after 5 ms of rest, 1.43 ms
+/// after 15 ms), so both sides rest alike.
+const REST: Duration = Duration::from_millis(15);
 
 /// Counts sqlx's statement log events while armed.
 struct StatementCount {
@@ -81,7 +87,7 @@ async fn raw_wake(pool: &PgPool) -> Vec<Duration> {
         .expect("claim");
         assert!(claimed.is_some(), "raw claim found the row");
         out.push(t.elapsed());
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(REST).await;
     }
     drop(listener);
     sqlx::query("DROP SCHEMA raw CASCADE").execute(pool).await.expect("drop raw schema");
@@ -114,7 +120,7 @@ async fn wake(engine: &Engine) -> Vec<Duration> {
     let mut out = Vec::with_capacity(SAMPLES);
     for i in 0..SAMPLES + 20 {
         // Let the worker finish the last run and go idle (empty claim, then waiting).
-        tokio::time::sleep(Duration::from_millis(15)).await;
+        tokio::time::sleep(REST).await;
         let sent = unix_micros();
         let run = engine.send(Event::new(FIRST, &i)).await.expect("send").run_ids[0];
         let started = first_step_started(engine.pool(), run).await;

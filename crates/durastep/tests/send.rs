@@ -441,6 +441,103 @@ async fn a_handing_send_probes_the_due_index_not_the_table(_p: PgPoolOptions, op
     assert_eq!(after - before, 0, "the handing send scanned durastep.runs");
 }
 
+/// One row of `send_event_handing`'s answer: whether the event was new,
+/// whether the workers were not notified, the new runs, and a run handed on
+/// with its epoch (none in a row without one).
+type HandingAnswer = (bool, bool, Vec<uuid::Uuid>, Option<uuid::Uuid>, Option<i64>);
+
+/// Catches: a handing send that inserts its run `queued` and then claims it
+/// by an UPDATE (0024: a second row version with an entry in every index of
+/// `runs`), instead of inserting it claimed (0025); and one that hands on
+/// more runs than the worker has free slots, skips the claim's writes
+/// (lease, worker, start time, history row) or notifies the workers when it
+/// handed on every new run.
+#[sqlx::test(migrations = false)]
+async fn a_handing_send_inserts_its_run_claimed(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let engine = common::engine(&opts, two_functions()).await;
+    // The first send of a name creates its topic row (the full fan-out);
+    // this one is due in a day, so nothing is due now.
+    let later = engine.inspect().db_now().await.unwrap() + chrono::Duration::days(1);
+    engine.send(Event::new("order/placed", &0).start_at(later)).await.unwrap();
+    let worker = uuid::Uuid::new_v4();
+    let (ids, versions): (Vec<String>, Vec<i32>) =
+        sqlx::query_as::<_, (String, i32)>("SELECT id, version FROM durastep.functions ORDER BY id")
+            .fetch_all(engine.pool())
+            .await
+            .unwrap()
+            .into_iter()
+            .unzip();
+    // One slot (rolled back: its queued run would be due for the next send),
+    // two slots (kept), and the same idempotency key again.
+    for (slots, idem) in [(1, "one-slot"), (2, "two-slots"), (2, "two-slots")] {
+        let mut tx = engine.pool().begin().await.unwrap();
+        // Read before and after: on a reused connection the counters may still
+        // hold an earlier transaction's rows until they are flushed.
+        let before = runs_writes(&mut tx).await;
+        let rows: Vec<HandingAnswer> = sqlx::query_as(
+            "SELECT sent_inserted, sent_n, sent_run_ids, id, lease_epoch
+               FROM durastep.send_event_handing(gen_random_uuid(), 'order/placed', '{}', $1, 0, $2, 30, $3, $4, $5)",
+        )
+        .bind(idem)
+        .bind(worker)
+        .bind(&ids)
+        .bind(&versions)
+        .bind(slots)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        let after = runs_writes(&mut tx).await;
+        let (ins, upd) = (after.0 - before.0, after.1 - before.1);
+        let (inserted, not_notified, run_ids) = (rows[0].0, rows[0].1, rows[0].2.clone());
+        let handed: Vec<(uuid::Uuid, i64)> = rows.iter().filter_map(|r| Some((r.3?, r.4?))).collect();
+        if !inserted {
+            // The same idempotency key again: no run, none handed on.
+            assert_eq!((run_ids.len(), handed.len(), ins), (0, 0, 0), "{rows:?}");
+            tx.rollback().await.unwrap();
+            continue;
+        }
+        assert_eq!((ins, upd), (2, 0), "{slots} slots: the runs must be inserted claimed, not updated");
+        assert_eq!(handed.len(), slots as usize, "{rows:?}");
+        assert_eq!(not_notified, slots == 2, "notified although every run was handed on, or not at all: {rows:?}");
+        let states: Vec<(uuid::Uuid, String, Option<uuid::Uuid>, i64, bool, bool)> = sqlx::query_as(
+            "SELECT id, state, worker_id, lease_epoch,
+                    lease_expires_at IS NOT DISTINCT FROM started_at + interval '30 seconds',
+                    (SELECT count(*) FROM durastep.run_history h
+                      WHERE h.run_id = r.id AND h.state = 'running' AND h.worker_id IS NOT DISTINCT FROM r.worker_id
+                        AND h.lease_epoch = r.lease_epoch) = 1
+               FROM durastep.runs r WHERE r.id = ANY ($1) ORDER BY id",
+        )
+        .bind(&run_ids)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        for (id, state, by, epoch, leased, noted) in states {
+            match handed.iter().find(|(h, _)| *h == id) {
+                Some((_, e)) => assert!(
+                    state == "running" && by == Some(worker) && epoch == *e && epoch > 0 && leased && noted,
+                    "handed run {id}: {state} {by:?} {epoch} {leased} {noted}"
+                ),
+                None => assert!(state == "queued" && by.is_none() && epoch == 0, "queued run {id}: {state} {by:?}"),
+            }
+        }
+        if slots == 1 {
+            tx.rollback().await.unwrap();
+        } else {
+            tx.commit().await.unwrap();
+        }
+    }
+}
+
+/// Rows of `durastep.runs` inserted and updated so far in this transaction.
+async fn runs_writes(tx: &mut sqlx::PgConnection) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT n_tup_ins, n_tup_upd FROM pg_stat_xact_user_tables WHERE schemaname = 'durastep' AND relname = 'runs'",
+    )
+    .fetch_one(tx)
+    .await
+    .unwrap()
+}
+
 /// Sequential scans of `durastep.runs` so far in this transaction.
 async fn runs_seq_scans(tx: &mut sqlx::PgConnection) -> i64 {
     sqlx::query_scalar(

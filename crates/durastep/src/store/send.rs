@@ -143,9 +143,10 @@ pub(crate) struct HandTo<'a> {
 /// Sends one event due now, as [`insert_events`] does, and in the same
 /// transaction claims for the worker `to` the runs it created that the fast
 /// claim would give that worker, when no other run is due
-/// (`durastep.send_event_handing`, migration 0024): they come back claimed,
-/// and no other worker can ever see them queued. Its own transaction: one
-/// round trip, one commit.
+/// (`durastep.send_event_handing`, migrations 0024 and 0025): they come back
+/// claimed (inserted `running` when the send needs none of the fan-out's
+/// rarer work), and no other worker can ever see them queued. Its own
+/// transaction: one round trip, one commit.
 pub(crate) async fn insert_event_handing(
     conn: &mut PgConnection,
     event: &NewEvent,
