@@ -419,7 +419,12 @@ async fn run_as(app: &PgConnectOptions) -> Result<(), String> {
             Ok(())
         })
         .handler(|_ctx: Ctx, _x: ()| async { Err::<(), _>(HandlerError::permanent("no")) });
-    let engine = engine_on(app, vec![steps, failing], false).await.map_err(|e| fail(&e))?;
+    // One at a time: the second run starts only once the first gives its slot back.
+    let limited = Function::new("limited")
+        .on_event("role/limited")
+        .concurrency(durastep::Concurrency::new(1))
+        .handler(|ctx: Ctx, n: i64| async move { ctx.step("one", || async move { Ok(n) }).await });
+    let engine = engine_on(app, vec![steps, failing, limited], false).await.map_err(|e| fail(&e))?;
     let shutdown = CancellationToken::new();
     let worker = tokio::spawn({
         let (e, s) = (engine.clone(), shutdown.clone());
@@ -428,9 +433,19 @@ async fn run_as(app: &PgConnectOptions) -> Result<(), String> {
     let ok = engine.send(Event::new("role/go", &4).idempotency_key("k1")).await.map_err(|e| fail(&e))?;
     let again = engine.send(Event::new("role/go", &4).idempotency_key("k1")).await.map_err(|e| fail(&e))?;
     let bad = engine.send(Event::new("role/fail", &())).await.map_err(|e| fail(&e))?;
+    let one_at_a_time = engine
+        .send_batch(vec![Event::new("role/limited", &1), Event::new("role/limited", &2)])
+        .await
+        .map_err(|e| fail(&e))?;
     let run = engine.wait_for_run(ok.run_ids[0], DEADLINE).await.map_err(|e| fail(&e))?;
     let failed = engine.wait_for_run(bad.run_ids[0], DEADLINE).await.map_err(|e| fail(&e))?;
     let handler_ran = wait_for_failure_handler(engine.pool(), DEADLINE).await;
+    for sent in &one_at_a_time {
+        let limited = engine.wait_for_run(sent.run_ids[0], DEADLINE).await.map_err(|e| fail(&e))?;
+        if limited.state != RunState::Completed {
+            return Err(format!("a run with a concurrency limit as the role: {limited:?}"));
+        }
+    }
     // The handing send too: the sends above take it only when they find the
     // worker idle, so call it directly: for an event no function takes and
     // no topic row exists (it calls send_event_handing_by_claim), and for one

@@ -116,6 +116,27 @@ async fn run_states_are_the_state_check_constraint_s_list(pool: PgPool) {
     assert_eq!(in_db, in_code, "runs_state_check is {def}");
 }
 
+/// Catches: a trigger on `durastep.runs` that fires on UPDATE and keeps
+/// transition tables. Postgres then copies the old and the new version of
+/// every row of every UPDATE of `runs` (each claim, each completion) into
+/// them, whether the trigger needs the row or not: about 10% of the CPU per
+/// run in the drain (migration 0026 moved the flow release's rows to a row
+/// trigger with a `WHEN`).
+#[sqlx::test(migrations = false)]
+async fn no_update_trigger_on_runs_keeps_transition_tables(pool: PgPool) {
+    durastep::migrate(&pool).await.expect("migrate");
+    // tgtype bit 4 (16) is UPDATE.
+    let capturing: Vec<String> = sqlx::query_scalar(
+        "SELECT tgname::text FROM pg_trigger
+          WHERE tgrelid = 'durastep.runs'::regclass AND (tgtype & 16) <> 0
+            AND (tgoldtable IS NOT NULL OR tgnewtable IS NOT NULL)",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("triggers of durastep.runs");
+    assert_eq!(capturing, Vec::<String>::new(), "UPDATE triggers on durastep.runs with transition tables");
+}
+
 /// Catches: a migration that redefines a function or view in a way the
 /// repository does not show in one place (a later `CREATE OR REPLACE` that
 /// this parse misses, a function created by hand), or a function whose text
