@@ -326,8 +326,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         // queue gave full batches), and the runs they may bring.
         let mut claims: tokio::task::JoinSet<ClaimDone> = tokio::task::JoinSet::new();
         // Claims whose runs are not queued yet, in the order they were sent,
-        // with the runs each may bring (`Want::fast`); and the answers of those
-        // that answered before an earlier one (taken once it has).
+        // with the runs each may bring (`Want::fast`); and the answers that
+        // came while another claim was in flight (taken once none is).
         let mut sent_order: VecDeque<(tokio::task::Id, usize)> = VecDeque::new();
         let mut answered: HashMap<tokio::task::Id, ClaimDone> = HashMap::new();
         let mut last_full = false;
@@ -391,7 +391,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             let covered = ready.len() + sent_order.iter().map(|(_, n)| n).sum::<usize>();
             let room = (idle + ahead).saturating_sub(covered);
             let starved = idle > covered || (ahead > 0 && room >= ahead.div_ceil(2));
-            let may_claim = claims.is_empty() || (claims.len() < 2 && last_full);
+            let may_claim = answered.is_empty() && (claims.is_empty() || (claims.len() < 2 && last_full));
             if hold_until.is_none() && room > 0 && starved && may_claim {
                 let want = Want {
                     fast: room.min(batch),
@@ -430,14 +430,23 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                         Err(e) => e.id(),
                     };
                     // claim_round catches its own panics: a claim task cannot fail.
-                    let Ok((_, done)) = done else {
-                        sent_order.retain(|(s, _)| *s != id);
+                    match done {
+                        Ok((_, done)) => {
+                            answered.insert(id, done);
+                        }
+                        Err(_) => sent_order.retain(|(s, _)| *s != id),
+                    }
+                    // Answers are taken once no claim is in flight, all together,
+                    // in the order the claims were sent (`enqueue` then orders
+                    // their runs by their place in the queue). Two claims in
+                    // flight skip each other's locked rows, so either may hold
+                    // the runs that come first in the queue: a claim's runs
+                    // started before the other's answer came could pass a run
+                    // the other claimed (a flaky test caught a run taken out of
+                    // order that way). No claim is sent while answers wait.
+                    if !claims.is_empty() {
                         continue;
-                    };
-                    // Answers are taken in the order the claims were sent: a later
-                    // claim's runs (later in the queue) wait for an earlier claim's
-                    // answer, so that they do not start before its runs.
-                    answered.insert(id, done);
+                    }
                     while let Some((first, _)) = sent_order.front().copied()
                         && let Some(done) = answered.remove(&first)
                     {
