@@ -316,3 +316,90 @@ async fn step_with_key_hands_each_step_its_own_stable_key(_p: PgPoolOptions, opt
     let keys = keys.lock().unwrap().clone();
     assert_eq!(keys, [format!("{id}:charge"), format!("{id}:charge"), format!("{id}:charge#2")]);
 }
+
+/// A flush that meets a step row already stored (an earlier commit whose
+/// acknowledgement was lost, here written by the test while the step's body
+/// runs) adopts it: the flush's plain insert fails on the stored row, and the
+/// same writes go again with `ON CONFLICT DO NOTHING`, returning the stored
+/// value. Catches a flush that fails the step (or the run) on the conflict.
+#[sqlx::test(migrations = false)]
+async fn a_checkpoint_that_meets_a_stored_row_adopts_it(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let (arrived, go) = (common::Gate::new(), common::Gate::new());
+    let (a, g) = (arrived.clone(), go.clone());
+    let f = Function::new("adopts").on_event("adopt/go").retries(0).handler(move |ctx: Ctx, _: ()| {
+        let (a, g) = (a.clone(), g.clone());
+        async move {
+            let fetched: String = ctx
+                .step("fetch", || async move {
+                    a.open();
+                    g.wait().await;
+                    Ok("computed".to_owned())
+                })
+                .await?;
+            let after: u32 = ctx.step("after", || async { Ok(1) }).await?;
+            Ok(json!({ "fetched": fetched, "after": after }))
+        }
+    });
+    let engine = common::engine(&opts, vec![f]).await;
+    let worker = common::spawn_worker(&engine);
+    let id = engine.send(Event::new("adopt/go", &())).await.unwrap().run_ids[0];
+    arrived.reached("the step body").await;
+    let (epoch, _) = common::lease_of(&engine, id).await;
+    sqlx::query(
+        "INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch) VALUES ($1, 'fetch', '\"stored\"', $2)",
+    )
+    .bind(id)
+    .bind(epoch)
+    .execute(engine.pool())
+    .await
+    .unwrap();
+    go.open();
+    let run = common::finished(&engine, id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    assert_eq!(run.output, Some(json!({ "fetched": "stored", "after": 1 })), "the stored value wins");
+    let keys: Vec<String> = step_rows(&engine, id).await.into_iter().map(|r| r.key).collect();
+    assert_eq!(keys, ["after", "fetch"]);
+    worker.stop().await;
+}
+
+/// Checkpoints are plain inserts, not `ON CONFLICT` ones: a speculative
+/// insertion writes one more WAL record per row (`HEAP_CONFIRM`) after
+/// probing the unique index. Counts the WAL records of this database's
+/// `step_results` and `step_journal` while a run stores 20 steps (other
+/// tests' databases write WAL meanwhile; their files are other relations).
+/// Fails with the `ON CONFLICT` flush (40 confirmations).
+#[sqlx::test(migrations = false)]
+async fn checkpoints_are_plain_inserts(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let f = Function::new("twenty").on_event("twenty/go").handler(|ctx: Ctx, _: ()| async move {
+        for i in 0..20u32 {
+            ctx.step(&format!("s{i}"), || async move { Ok(i) }).await?;
+        }
+        Ok(())
+    });
+    let engine = common::engine(&opts, vec![f]).await;
+    let pool = engine.pool().clone();
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_walinspect").execute(&pool).await.unwrap();
+    let start: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text").fetch_one(&pool).await.unwrap();
+    let worker = common::spawn_worker(&engine);
+    let id = engine.send(Event::new("twenty/go", &())).await.unwrap().run_ids[0];
+    assert_eq!(common::finished(&engine, id).await.state, RunState::Completed);
+    worker.stop().await;
+    let (inserts, confirms): (i64, i64) = sqlx::query_as(
+        "WITH rels AS (
+             SELECT '/' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '/'
+                    || pg_relation_filenode(c) || ' fork' AS tag
+               FROM unnest(ARRAY['durastep.step_results'::regclass, 'durastep.step_journal'::regclass]) c)
+         SELECT count(*) FILTER (WHERE w.record_type LIKE 'INSERT%'),
+                count(*) FILTER (WHERE w.record_type = 'HEAP_CONFIRM')
+           FROM pg_get_wal_records_info($1::pg_lsn, pg_current_wal_lsn()) w
+          WHERE w.resource_manager = 'Heap' AND EXISTS (SELECT 1 FROM rels WHERE strpos(w.block_ref, rels.tag) > 0)",
+    )
+    .bind(&start)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(inserts >= 40, "the window holds the 20 steps' rows and journal entries: {inserts} inserts");
+    assert_eq!(confirms, 0, "no speculative insertion");
+}

@@ -54,7 +54,8 @@ pub(crate) enum WriteOutcome {
 /// The group-commit statement; `$lock` is how it locks the run rows, `$fin`
 /// the completions (the `fin` CTE: `fin_complete!`, or `fin_none!` for a batch
 /// of checkpoints only, which then updates no run row and so fires none of the
-/// statement triggers on `runs`).
+/// statement triggers on `runs`), `$on_conflict` what its two inserts do with
+/// a step row or journal entry already stored ([`Conflicts`]).
 ///
 /// The parameters are read through the CTE `p`, never directly: a custom plan
 /// would see the arrays' lengths, estimate fewer rows than the generic plan and
@@ -74,7 +75,7 @@ pub(crate) enum WriteOutcome {
 /// run locked by another transaction from a fenced one: as an `EXISTS` it
 /// became a hash over every running run.
 macro_rules! flush_sql {
-    ($lock:literal, $fin:ident, $fin_history:ident) => {
+    ($lock:literal, $fin:ident, $fin_history:ident, $on_conflict:literal) => {
         concat!(
             "WITH p AS MATERIALIZED (
              SELECT $1::uuid[] AS cp_run, $2::bigint[] AS cp_epoch, $3::text[] AS cp_key, $4::text[] AS cp_output,
@@ -99,13 +100,17 @@ macro_rules! flush_sql {
              INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt)
              SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt
                FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
-             ON CONFLICT (run_id, step_key) DO NOTHING
+             ",
+            $on_conflict,
+            "
              RETURNING run_id, step_key),
          jr AS (
              INSERT INTO durastep.step_journal (run_id, position, kind, step_key)
              SELECT cp.run_id, cp.position, cp.kind, cp.step_key
                FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
-             ON CONFLICT DO NOTHING),
+             ",
+            $on_conflict,
+            "),
          fin AS (",
             $fin!(),
             "),
@@ -166,6 +171,51 @@ macro_rules! fin_none_history {
     };
 }
 
+/// What a flush's inserts do with a step row (or journal entry) already
+/// stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Conflicts {
+    /// Plain inserts: one stored row fails the whole statement (a unique
+    /// violation) and nothing of it is written. Every flush tries this first:
+    /// an `ON CONFLICT` insert is a speculative insertion, which probes the
+    /// unique index before the insert and confirms the row with one more WAL
+    /// record after it (docs/performance.md "Plain inserts for checkpoints").
+    Fail,
+    /// `ON CONFLICT DO NOTHING`: a stored row is skipped, and the flush adopts
+    /// its output. Only after [`Conflicts::Fail`] met a stored row.
+    Adopt,
+}
+
+/// The group-commit statement for a batch: how it locks, whether it has
+/// completions, and what its inserts do with stored rows.
+fn flush_statement(locks: LockWait, completes: bool, conflicts: Conflicts) -> &'static str {
+    use Conflicts::{Adopt, Fail};
+    use LockWait::{Skip, Wait};
+    match (locks, completes, conflicts) {
+        (Skip, true, Fail) => flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_complete, fin_complete_history, ""),
+        (Wait, true, Fail) => flush_sql!("FOR NO KEY UPDATE", fin_complete, fin_complete_history, ""),
+        (Skip, false, Fail) => flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_none, fin_none_history, ""),
+        (Wait, false, Fail) => flush_sql!("FOR NO KEY UPDATE", fin_none, fin_none_history, ""),
+        (Skip, true, Adopt) => {
+            flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_complete, fin_complete_history, "ON CONFLICT DO NOTHING")
+        }
+        (Wait, true, Adopt) => {
+            flush_sql!("FOR NO KEY UPDATE", fin_complete, fin_complete_history, "ON CONFLICT DO NOTHING")
+        }
+        (Skip, false, Adopt) => {
+            flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_none, fin_none_history, "ON CONFLICT DO NOTHING")
+        }
+        (Wait, false, Adopt) => flush_sql!("FOR NO KEY UPDATE", fin_none, fin_none_history, "ON CONFLICT DO NOTHING"),
+    }
+}
+
+/// Whether `e` is a unique violation of a stored step row or journal entry.
+fn is_stored_step(e: &sqlx::Error) -> bool {
+    e.as_database_error().is_some_and(|d| {
+        d.is_unique_violation() && matches!(d.constraint(), Some("step_results_pkey" | "step_journal_pkey"))
+    })
+}
+
 /// What a flush did to one pending write.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Flushed {
@@ -223,29 +273,32 @@ pub(crate) async fn flush_writes(
             }
         }
     }
-    let sql = match (locks, dn_run.is_empty()) {
-        (LockWait::Skip, false) => {
-            flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_complete, fin_complete_history)
-        }
-        (LockWait::Wait, false) => flush_sql!("FOR NO KEY UPDATE", fin_complete, fin_complete_history),
-        (LockWait::Skip, true) => flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_none, fin_none_history),
-        (LockWait::Wait, true) => flush_sql!("FOR NO KEY UPDATE", fin_none, fin_none_history),
+    let flush = |conflicts: Conflicts| {
+        sqlx::query_as::<_, (i32, i64, bool, bool, bool)>(flush_statement(locks, !dn_run.is_empty(), conflicts))
+            .bind(&cp_run)
+            .bind(&cp_epoch)
+            .bind(&cp_key)
+            .bind(&cp_out)
+            .bind(&dn_run)
+            .bind(&dn_epoch)
+            .bind(&dn_out)
+            .bind(&cp_start)
+            .bind(&cp_end)
+            .bind(&cp_attempt)
+            .bind(&cp_pos)
+            .bind(&cp_kind)
+            .fetch_all(pool)
     };
-    let rows: Vec<(i32, i64, bool, bool, bool)> = sqlx::query_as(sql)
-        .bind(&cp_run)
-        .bind(&cp_epoch)
-        .bind(&cp_key)
-        .bind(&cp_out)
-        .bind(&dn_run)
-        .bind(&dn_epoch)
-        .bind(&dn_out)
-        .bind(&cp_start)
-        .bind(&cp_end)
-        .bind(&cp_attempt)
-        .bind(&cp_pos)
-        .bind(&cp_kind)
-        .fetch_all(pool)
-        .await?;
+    // Plain inserts first; a step row or journal entry already stored (a
+    // flush repeated after an ambiguous commit) fails that statement whole,
+    // and the same writes go again adopting what is stored.
+    let rows = match flush(Conflicts::Fail).await {
+        Err(e) if is_stored_step(&e) => {
+            tracing::debug!(writes = writes.len(), "a step of the flush is stored already; flushing again to adopt it");
+            flush(Conflicts::Adopt).await?
+        }
+        rows => rows?,
+    };
 
     let mut cp_result = vec![WriteOutcome::Fenced; cp_run.len()];
     let mut dn_result = vec![WriteOutcome::Fenced; dn_run.len()];
