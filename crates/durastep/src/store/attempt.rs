@@ -54,8 +54,9 @@ pub(crate) enum WriteOutcome {
 /// The group-commit statement; `$lock` is how it locks the run rows, `$fin`
 /// the completions (the `fin` CTE: `fin_complete!`, or `fin_none!` for a batch
 /// of checkpoints only, which then updates no run row and so fires none of the
-/// statement triggers on `runs`), `$on_conflict` what its two inserts do with
-/// a step row or journal entry already stored ([`Conflicts`]).
+/// statement triggers on `runs`), `$inserts` what its two inserts do with a
+/// step row or journal entry already stored ([`Conflicts`]: `plain_inserts!`
+/// or `adopting_inserts!`).
 ///
 /// The parameters are read through the CTE `p`, never directly: a custom plan
 /// would see the arrays' lengths, estimate fewer rows than the generic plan and
@@ -75,7 +76,7 @@ pub(crate) enum WriteOutcome {
 /// run locked by another transaction from a fenced one: as an `EXISTS` it
 /// became a hash over every running run.
 macro_rules! flush_sql {
-    ($lock:literal, $fin:ident, $fin_history:ident, $on_conflict:literal) => {
+    ($lock:literal, $fin:ident, $fin_history:ident, $inserts:ident) => {
         concat!(
             "WITH p AS MATERIALIZED (
              SELECT $1::uuid[] AS cp_run, $2::bigint[] AS cp_epoch, $3::text[] AS cp_key, $4::text[] AS cp_output,
@@ -101,15 +102,14 @@ macro_rules! flush_sql {
              SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt
                FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
              ",
-            $on_conflict,
-            "
-             RETURNING run_id, step_key),
+            $inserts!(results),
+            "),
          jr AS (
              INSERT INTO durastep.step_journal (run_id, position, kind, step_key)
              SELECT cp.run_id, cp.position, cp.kind, cp.step_key
                FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
              ",
-            $on_conflict,
+            $inserts!(journal),
             "),
          fin AS (",
             $fin!(),
@@ -117,17 +117,55 @@ macro_rules! flush_sql {
          fin_history AS (",
             $fin_history!(),
             ")
-         SELECT 0, cp.ord, (l.id IS NOT NULL), (ins.run_id IS NOT NULL),
+         SELECT 0, cp.ord, (l.id IS NOT NULL), ",
+            $inserts!(written),
+            ",
                 (l.id IS NULL AND coalesce((SELECT b.lease_epoch = cp.epoch AND b.state = 'running'
                                               FROM durastep.runs b WHERE b.id = cp.run_id), false))
-           FROM cp LEFT JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
-           LEFT JOIN ins ON ins.run_id = cp.run_id AND ins.step_key = cp.step_key
+           FROM cp LEFT JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live ",
+            $inserts!(join),
+            "
          UNION ALL
          SELECT 1, dn.ord, (fin.id IS NOT NULL), (fin.id IS NOT NULL),
                 (fin.id IS NULL AND coalesce((SELECT b.lease_epoch = dn.epoch AND b.state = 'running'
                                                 FROM durastep.runs b WHERE b.id = dn.run_id), false))
            FROM dn LEFT JOIN fin ON fin.id = dn.run_id"
         )
+    };
+}
+
+/// The inserts of `flush_sql!` for [`Conflicts::Fail`]: plain `INSERT`s.
+/// A statement that succeeds stored every write its fence let through, so
+/// "written" is "live" and the step rows need no `RETURNING` to tell.
+macro_rules! plain_inserts {
+    (results) => {
+        ""
+    };
+    (journal) => {
+        ""
+    };
+    (written) => {
+        "(l.id IS NOT NULL)"
+    };
+    (join) => {
+        ""
+    };
+}
+
+/// The inserts of `flush_sql!` for [`Conflicts::Adopt`]: a stored row is
+/// skipped, and "written" tells the stored (adopted) ones apart.
+macro_rules! adopting_inserts {
+    (results) => {
+        "ON CONFLICT DO NOTHING RETURNING run_id, step_key"
+    };
+    (journal) => {
+        "ON CONFLICT DO NOTHING"
+    };
+    (written) => {
+        "(ins.run_id IS NOT NULL)"
+    };
+    (join) => {
+        "LEFT JOIN ins ON ins.run_id = cp.run_id AND ins.step_key = cp.step_key"
     };
 }
 
@@ -192,20 +230,20 @@ fn flush_statement(locks: LockWait, completes: bool, conflicts: Conflicts) -> &'
     use Conflicts::{Adopt, Fail};
     use LockWait::{Skip, Wait};
     match (locks, completes, conflicts) {
-        (Skip, true, Fail) => flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_complete, fin_complete_history, ""),
-        (Wait, true, Fail) => flush_sql!("FOR NO KEY UPDATE", fin_complete, fin_complete_history, ""),
-        (Skip, false, Fail) => flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_none, fin_none_history, ""),
-        (Wait, false, Fail) => flush_sql!("FOR NO KEY UPDATE", fin_none, fin_none_history, ""),
+        (Skip, true, Fail) => {
+            flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_complete, fin_complete_history, plain_inserts)
+        }
+        (Wait, true, Fail) => flush_sql!("FOR NO KEY UPDATE", fin_complete, fin_complete_history, plain_inserts),
+        (Skip, false, Fail) => flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_none, fin_none_history, plain_inserts),
+        (Wait, false, Fail) => flush_sql!("FOR NO KEY UPDATE", fin_none, fin_none_history, plain_inserts),
         (Skip, true, Adopt) => {
-            flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_complete, fin_complete_history, "ON CONFLICT DO NOTHING")
+            flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_complete, fin_complete_history, adopting_inserts)
         }
-        (Wait, true, Adopt) => {
-            flush_sql!("FOR NO KEY UPDATE", fin_complete, fin_complete_history, "ON CONFLICT DO NOTHING")
-        }
+        (Wait, true, Adopt) => flush_sql!("FOR NO KEY UPDATE", fin_complete, fin_complete_history, adopting_inserts),
         (Skip, false, Adopt) => {
-            flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_none, fin_none_history, "ON CONFLICT DO NOTHING")
+            flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", fin_none, fin_none_history, adopting_inserts)
         }
-        (Wait, false, Adopt) => flush_sql!("FOR NO KEY UPDATE", fin_none, fin_none_history, "ON CONFLICT DO NOTHING"),
+        (Wait, false, Adopt) => flush_sql!("FOR NO KEY UPDATE", fin_none, fin_none_history, adopting_inserts),
     }
 }
 
