@@ -8,13 +8,16 @@
 //! 2. Across processes: one `bench-worker` process (default options: LISTEN on)
 //!    waits idle; this process sends one event, and the function's one step
 //!    stores the wall-clock time its body started, which the bench reads back.
-//! 3. In the same process: the same with the worker in this process.
-//! 4. The statements one `engine.send` runs (each one round trip once
+//! 3. Across processes again, the worker also registering a function with a
+//!    flow rule: each of its claim rounds sends the full claim beside the fast one.
+//! 4. In the same process: the same with the worker in this process.
+//! 5. The statements one `engine.send` runs (each one round trip once
 //!    prepared), counted from sqlx's own statement log.
 //!
 //! Each sample waits until the run has finished and the worker is idle again.
-//! Prints `RESULT` lines `wake_p50_ms` (across processes), `wake_p50_ms_same_process`
-//! (both with the ratio to the raw baseline's median) and `send_round_trips`.
+//! Prints `RESULT` lines `wake_p50_ms` (across processes), `wake_p50_ms_mixed`
+//! (3.), `wake_p50_ms_same_process` (each with the ratio to the raw baseline's
+//! median) and `send_round_trips`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -156,6 +159,15 @@ async fn main() {
     let across = wake(&engine).await;
     worker.stop().await;
 
+    // Across processes, the worker also running a function with a flow rule
+    // (so every claim round has a full claim beside the fast one).
+    let mixed_config = WorkerConfig { flow: true, ..WorkerConfig::default() };
+    let mut worker = WorkerProcess::spawn(WORKER, &db.url, &mixed_config).await;
+    worker.go().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mixed = wake(&engine).await;
+    worker.stop().await;
+
     // The statements of one send, warm (every statement prepared on its connection).
     let before = STATEMENTS.count.load(Ordering::Relaxed);
     STATEMENTS.armed.store(true, Ordering::Relaxed);
@@ -193,6 +205,15 @@ async fn main() {
         "<= 2 ms".into(),
         verdict(p50_across <= Duration::from_millis(2)),
     ]);
+    let p50_mixed = percentile(&mixed, 50.0);
+    t.row(vec![
+        "the same, the worker also running a function with a flow rule".into(),
+        ms(p50_mixed),
+        ms(percentile(&mixed, 99.0)),
+        format!("{:.2}x", p50_mixed.as_secs_f64() / raw_p50.as_secs_f64()),
+        "<= 2 ms".into(),
+        verdict(p50_mixed <= Duration::from_millis(2)),
+    ]);
     t.row(vec![
         "send -> first step body, worker in this process".into(),
         ms(p50_same),
@@ -220,6 +241,7 @@ async fn main() {
     t.print();
     let raw_ms = raw_p50.as_secs_f64() * 1e3;
     result("wake_p50_ms", p50_across.as_secs_f64() * 1e3, Some(p50_across.as_secs_f64() * 1e3 / raw_ms));
+    result("wake_p50_ms_mixed", p50_mixed.as_secs_f64() * 1e3, Some(p50_mixed.as_secs_f64() * 1e3 / raw_ms));
     result("wake_p50_ms_same_process", p50_same.as_secs_f64() * 1e3, Some(p50_same.as_secs_f64() * 1e3 / raw_ms));
     result("send_round_trips", statements, None);
 

@@ -25,7 +25,9 @@
 //! only the cost of the step tables' foreign keys, with and without them;
 //! `indexes` that of the two dashboard-only indexes of `runs`),
 //! `BENCH_HISTORY=off` (the whole bench with the run history off: see
-//! `set_history`; never do this in production).
+//! `set_history`; never do this in production), `BENCH_MIXED=on` (every worker
+//! process also registers a function with a flow rule, none of whose runs is
+//! due: each claim round then sends the full claim beside the fast one).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -107,6 +109,7 @@ async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs
         // 8 processes of 10 + 3 control connections would pass the default max_connections of 100.
         pool: env_usize("BENCH_POOL").map_or((48 / procs).clamp(4, 10) as u32, |p| p as u32),
         listen: true,
+        flow: std::env::var("BENCH_MIXED").is_ok_and(|v| v == "on"),
     };
     let mut workers = Vec::new();
     for _ in 0..procs {

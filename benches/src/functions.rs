@@ -69,6 +69,22 @@ pub fn sleeper() -> Function {
     })
 }
 
+/// Event that starts one run of [`flowed`].
+pub const FLOWED: &str = "bench/flowed";
+
+/// A no-op function with a concurrency rule (100 per key `/k`): a worker that
+/// registers it claims with the full claim (flow control) besides the fast one.
+///
+/// ```
+/// assert_eq!(durastep_benches::functions::flowed().id(), "flowed");
+/// ```
+pub fn flowed() -> Function {
+    Function::new("flowed")
+        .on_event(FLOWED)
+        .concurrency(durastep::Concurrency::new(100).key("/k"))
+        .handler(|_ctx: Ctx, _: serde_json::Value| async move { Ok(()) })
+}
+
 /// Every function a bench worker process registers.
 ///
 /// ```

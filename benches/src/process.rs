@@ -31,6 +31,9 @@ pub struct WorkerConfig {
     pub pool: u32,
     /// `WorkerOptions::listen`.
     pub listen: bool,
+    /// Also register [`crate::functions::flowed`], a function with a flow
+    /// rule (the worker then claims with the fast and the full claim).
+    pub flow: bool,
 }
 
 impl Default for WorkerConfig {
@@ -43,6 +46,7 @@ impl Default for WorkerConfig {
             claim_ahead: d.claim_ahead,
             pool: 10,
             listen: true,
+            flow: false,
         }
     }
 }
@@ -57,6 +61,7 @@ impl WorkerConfig {
             format!("claim_ahead={}", self.claim_ahead),
             format!("pool={}", self.pool),
             format!("listen={}", self.listen),
+            format!("flow={}", self.flow),
         ]
     }
 
@@ -64,7 +69,7 @@ impl WorkerConfig {
     ///
     /// ```
     /// use durastep_benches::process::WorkerConfig;
-    /// let c = WorkerConfig { in_flight: 4, writers: 3, claim_batch: 8, claim_ahead: 2, pool: 5, listen: false };
+    /// let c = WorkerConfig { in_flight: 4, writers: 3, claim_batch: 8, claim_ahead: 2, pool: 5, listen: false, flow: true };
     /// assert_eq!(WorkerConfig::from_args(c.to_args()), c);
     /// ```
     pub fn from_args(args: impl IntoIterator<Item = String>) -> WorkerConfig {
@@ -78,6 +83,7 @@ impl WorkerConfig {
                 "claim_ahead" => c.claim_ahead = v.parse().unwrap_or(c.claim_ahead),
                 "pool" => c.pool = v.parse().unwrap_or(c.pool),
                 "listen" => c.listen = v.parse().unwrap_or(c.listen),
+                "flow" => c.flow = v.parse().unwrap_or(c.flow),
                 _ => {}
             }
         }

@@ -1,7 +1,7 @@
 //! A worker process for the multi-process benches: registers the bench
 //! functions, prints `ready`, starts working on `go`, stops when stdin closes.
 //!
-//! `bench-worker <database-url> [in_flight=N] [writers=N] [claim_batch=N] [claim_ahead=N] [pool=N] [listen=bool]`
+//! `bench-worker <database-url> [in_flight=N] [writers=N] [claim_batch=N] [claim_ahead=N] [pool=N] [listen=bool] [flow=bool]`
 
 use durastep::Engine;
 use durastep_benches::process::WorkerConfig;
@@ -20,6 +20,9 @@ async fn main() {
         .worker_options(config.options());
     for f in durastep_benches::functions::all() {
         builder = builder.function(f);
+    }
+    if config.flow {
+        builder = builder.function(durastep_benches::functions::flowed());
     }
     let engine = builder.build().await.expect("build engine");
     println!("ready");

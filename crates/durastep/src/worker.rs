@@ -259,7 +259,6 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
     let worker_id = Uuid::new_v4();
     let functions = Arc::new(engine.handled());
     let classes = Arc::new(ClaimClasses::of(&engine));
-    let mut fast_first = false;
     let span = tracing::info_span!("worker", %worker_id);
     async move {
         let versions: Vec<String> =
@@ -322,15 +321,20 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         let batch = opts.claim_batch.max(1);
         // Claimed runs waiting for a slot, in the order they start.
         let mut ready: VecDeque<Ready> = VecDeque::new();
-        // Claim rounds in flight (at most two: a second one only while the
-        // queue gave full batches), and the runs they may bring.
+        // Claim statements in flight: at most two rounds (a second one only
+        // while the queue gave full batches), each with one statement per
+        // class of functions (fast and full claim), sent together.
         let mut claims: tokio::task::JoinSet<ClaimDone> = tokio::task::JoinSet::new();
-        // Claims whose runs are not queued yet, in the order they were sent,
-        // with the runs each may bring (`Want::fast`); and the answers that
-        // came while another claim was in flight (taken once none is).
-        let mut sent_order: VecDeque<(tokio::task::Id, usize)> = VecDeque::new();
-        let mut answered: HashMap<tokio::task::Id, ClaimDone> = HashMap::new();
-        let mut last_full = false;
+        // What each statement in flight is: its round, its class and the runs it may bring.
+        let mut in_flight: HashMap<tokio::task::Id, Sent> = HashMap::new();
+        let mut round = 0u64;
+        // Answers that came while another claim of their class was in flight
+        // (taken once none is).
+        let mut answered: Vec<ClaimDone> = Vec::new();
+        // Whether the last answer of each class (fast, full) filled its batch.
+        let mut last_full = [false, false];
+        // Runs claimed or moved by the answers taken since no claim was in flight.
+        let mut found = 0i64;
         // No claim before this: the queue had nothing due (until a wake-up,
         // a slot frees or the timer), or a claim failed (backoff).
         let mut hold_until: Option<tokio::time::Instant> = None;
@@ -388,24 +392,43 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             // Free slots, and the runs that will fill them without a slot of
             // their own: those waiting and those the claims in flight may bring.
             let idle = slots.available_permits();
-            let covered = ready.len() + sent_order.iter().map(|(_, n)| n).sum::<usize>();
+            let covered = ready.len() + in_flight.values().map(|c| c.cap).sum::<usize>();
             let room = (idle + ahead).saturating_sub(covered);
             let starved = idle > covered || (ahead > 0 && room >= ahead.div_ceil(2));
-            let may_claim = answered.is_empty() && (claims.is_empty() || (claims.len() < 2 && last_full));
+            let rounds = {
+                let mut r: Vec<u64> = in_flight.values().map(|c| c.round).collect();
+                r.sort_unstable();
+                r.dedup();
+                r.len()
+            };
+            let may_claim =
+                answered.is_empty() && (claims.is_empty() || (rounds < 2 && last_full.iter().any(|f| *f)));
             if hold_until.is_none() && room > 0 && starved && may_claim {
                 let want = Want {
                     fast: room.min(batch),
                     full: idle.saturating_sub(covered).max(1).min(room.min(batch)),
                 };
-                fast_first = !fast_first;
-                let (engine, classes) = (engine.clone(), classes.clone());
-                let task = claims.spawn(async move {
-                    // The lease starts when the database runs the claim: count from before we send it.
-                    let sent = Instant::now();
-                    let result = claim_round(&engine, &classes, fast_first, want, worker_id).await;
-                    ClaimDone { result, want, sent, received: Instant::now() }
-                });
-                sent_order.push_back((task.id(), want.fast));
+                round += 1;
+                // Both classes at once, each in a statement of its own: the
+                // runs of one start as soon as its answer comes, whatever the
+                // other's statement costs (the full claim's is the larger).
+                for (fast, cap) in [(true, want.fast), (false, want.full)] {
+                    if classes.of_class(fast).ids.is_empty() {
+                        continue;
+                    }
+                    let (engine, classes) = (engine.clone(), classes.clone());
+                    let task = claims.spawn(async move {
+                        // The lease starts when the database runs the claim: count from before we send it.
+                        let sent = Instant::now();
+                        let result = claim_class(&engine, &classes, fast, cap, worker_id).await;
+                        ClaimDone { result, fast, cap, sent, received: Instant::now() }
+                    });
+                    in_flight.insert(task.id(), Sent { round, fast, cap });
+                }
+                if claims.is_empty() {
+                    // No function to claim for: only the timer or a wake-up ends the wait.
+                    hold_until = Some(tokio::time::Instant::now() + opts.poll_interval);
+                }
                 continue;
             }
             // Idle with nothing due: offer the free slots to the sends of this
@@ -425,60 +448,64 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 biased;
                 _ = shutdown.cancelled() => break,
                 Some(done) = claims.join_next_with_id(), if !claims.is_empty() => {
-                    let id = match &done {
-                        Ok((id, _)) => *id,
-                        Err(e) => e.id(),
+                    let (id, done) = match done {
+                        Ok((id, done)) => (id, Some(done)),
+                        // claim_class catches its own panics: a claim task cannot fail.
+                        Err(e) => (e.id(), None),
                     };
-                    // claim_round catches its own panics: a claim task cannot fail.
-                    match done {
-                        Ok((_, done)) => {
-                            answered.insert(id, done);
-                        }
-                        Err(_) => sent_order.retain(|(s, _)| *s != id),
-                    }
-                    // Answers are taken once no claim is in flight, all together,
-                    // in the order the claims were sent (`enqueue` then orders
-                    // their runs by their place in the queue). Two claims in
-                    // flight skip each other's locked rows, so either may hold
-                    // the runs that come first in the queue: a claim's runs
-                    // started before the other's answer came could pass a run
-                    // the other claimed (a flaky test caught a run taken out of
-                    // order that way). No claim is sent while answers wait.
-                    if !claims.is_empty() {
+                    let Some(sent) = in_flight.remove(&id) else { continue };
+                    answered.extend(done);
+                    // A class's answers are taken once no claim of that class
+                    // is in flight, all together, in the order their claims were
+                    // sent (`enqueue` then orders their runs by their place in
+                    // the queue). Two claims of one class in flight skip each
+                    // other's locked rows, so either may hold the runs that come
+                    // first in the queue: a claim's runs started before the
+                    // other's answer came could pass a run the other claimed (a
+                    // flaky test caught a run taken out of order that way).
+                    // Claims of the two classes take runs of different functions,
+                    // so neither waits for the other. No claim is sent while
+                    // answers wait.
+                    if in_flight.values().any(|c| c.fast == sent.fast) {
                         continue;
                     }
-                    while let Some((first, _)) = sent_order.front().copied()
-                        && let Some(done) = answered.remove(&first)
-                    {
-                        sent_order.pop_front();
+                    let (mut taken, waiting): (Vec<ClaimDone>, Vec<ClaimDone>) =
+                        answered.drain(..).partition(|d| d.fast == sent.fast);
+                    answered = waiting;
+                    taken.sort_by_key(|d| d.sent);
+                    for done in taken {
                         match done.result {
                             Ok((claimed, moved)) => {
                                 failures = 0;
-                                last_full = claimed.len() >= done.want.fast;
-                                let got = claimed.len();
-                                for (run, fast) in claimed {
-                                    let r = hold(&held, &waiting_lost, run, done.sent, done.received, fast);
+                                last_full[usize::from(!done.fast)] = claimed.len() >= done.cap;
+                                found += i64::try_from(claimed.len()).unwrap_or(i64::MAX) + moved;
+                                for run in claimed {
+                                    let r = hold(&held, &waiting_lost, run, done.sent, done.received, done.fast);
                                     enqueue(&mut ready, r);
-                                }
-                                // Nothing due (flow control moved nothing either): wait
-                                // for a wake-up or the next due run, not for a slot.
-                                if got == 0 && moved == 0 && sent_order.is_empty() {
-                                    let wait = match store::next_due_in(&engine.pool, &functions).await {
-                                        Ok(Some(d)) => d.min(opts.poll_interval),
-                                        _ => opts.poll_interval,
-                                    };
-                                    // Due but claimed by someone else or not yet visible: do not spin.
-                                    hold_until = Some(tokio::time::Instant::now() + wait.max(Duration::from_millis(5)));
                                 }
                             }
                             Err(e) => {
                                 failures += 1;
-                                last_full = false;
+                                last_full = [false, false];
                                 let backoff = Duration::from_millis(50 * 2u64.pow(failures.min(7))).min(Duration::from_secs(1));
                                 tracing::warn!(error = %e, ?backoff, "claim failed; retrying");
                                 hold_until = Some(tokio::time::Instant::now() + backoff);
                             }
                         }
+                    }
+                    // Nothing due (flow control moved nothing either) in what every
+                    // claim since the last quiet moment found: wait for a wake-up or
+                    // the next due run, not for a slot.
+                    if claims.is_empty() {
+                        if found == 0 && failures == 0 {
+                            let wait = match store::next_due_in(&engine.pool, &functions).await {
+                                Ok(Some(d)) => d.min(opts.poll_interval),
+                                _ => opts.poll_interval,
+                            };
+                            // Due but claimed by someone else or not yet visible: do not spin.
+                            hold_until = Some(tokio::time::Instant::now() + wait.max(Duration::from_millis(5)));
+                        }
+                        found = 0;
                     }
                 }
                 Some(h) = handed.recv() => {
@@ -516,13 +543,13 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         }
         // No more claims; a claim in flight is awaited, so that its runs are
         // given back with those claimed ahead.
-        let mut unstarted: Vec<ClaimDone> = answered.into_values().collect();
+        let mut unstarted = answered;
         while let Some(done) = claims.join_next().await {
             unstarted.extend(done.ok());
         }
         for done in unstarted {
             if let ClaimDone { result: Ok((claimed, _)), received, .. } = done {
-                for (run, _) in claimed {
+                for run in claimed {
                     let (lost, ending) = (CancellationToken::new(), Arc::default());
                     ready.push_back(Ready { run, lost, ending, received, fast: true });
                 }
@@ -581,57 +608,42 @@ impl ClaimClasses {
         let (fast, full) = engine.handled_by_claim();
         ClaimClasses { fast, full }
     }
+
+    /// The functions of the fast claim (`fast`) or of the full claim.
+    fn of_class(&self, fast: bool) -> &store::Handled {
+        if fast { &self.fast } else { &self.full }
+    }
 }
 
-/// One claim round, in a task of its own so that a panic in it (a bug, or the
-/// `panic` failpoint action) fails this round only: the claim loop logs it and
-/// retries, as after a failed claim statement.
+/// One claim statement for one class of functions, in a task of its own so
+/// that a panic in it (a bug, or the `panic` failpoint action) fails this
+/// claim only: the claim loop logs it and retries, as after a failed claim
+/// statement.
 ///
-/// Up to `want.fast` runs in all: the fast claim for the functions without
-/// claim-time flow rules, the full claim (at most `want.full`) for the
-/// others, the second only for what the first left. Priority orders runs
-/// within each class; the claim loop alternates `fast_first` per round, so
-/// that a stream of runs in one class cannot starve the other. Each run comes
-/// with whether the fast claim took it.
-async fn claim_round(
+/// Up to `cap` runs: the fast claim for the functions without claim-time
+/// flow rules (`fast`), the full claim for the others. Priority orders runs
+/// within each class; a round claims both classes at once, so that neither
+/// starves the other and neither's answer waits for the other's statement.
+async fn claim_class(
     engine: &Arc<EngineInner>,
     classes: &Arc<ClaimClasses>,
-    fast_first: bool,
-    want: Want,
+    fast: bool,
+    cap: usize,
     worker_id: Uuid,
-) -> Result<(Vec<(ClaimedRun, bool)>, i64), String> {
+) -> Result<(Vec<ClaimedRun>, i64), String> {
     let (engine, classes) = (engine.clone(), classes.clone());
-    let round = tokio::spawn(async move {
+    let claim = tokio::spawn(async move {
         crate::failpoint!("claim-before-commit", Err("failpoint claim-before-commit".to_owned()));
-        let lease = engine.worker.lease;
-        let order = if fast_first { [true, false] } else { [false, true] };
-        let (mut runs, mut moved) = (Vec::new(), 0);
-        for fast in order {
-            let cap = if fast { want.fast } else { want.full };
-            let left = cap.saturating_sub(runs.len());
-            let functions = if fast { &classes.fast } else { &classes.full };
-            if left == 0 || functions.ids.is_empty() {
-                continue;
-            }
-            let sent = Instant::now();
-            let claimed = if fast {
-                store::claim_fast(&engine.pool, functions, left as i64, lease, worker_id).await
-            } else {
-                store::claim_runnable(&engine.pool, functions, left as i64, lease, worker_id).await
-            };
-            let (got, m) = match claimed {
-                Ok(c) => c,
-                // The first class's runs are claimed: hand them on; this error is logged.
-                Err(e) if !runs.is_empty() => {
-                    tracing::warn!(error = %e, "claim failed; retrying");
-                    break;
-                }
-                Err(e) => return Err(e.to_string()),
-            };
-            metrics::claimed(sent.elapsed(), got.len());
-            runs.extend(got.into_iter().map(|r| (r, fast)));
-            moved += m;
-        }
+        let (lease, functions) = (engine.worker.lease, classes.of_class(fast));
+        let sent = Instant::now();
+        let limit = i64::try_from(cap).unwrap_or(i64::MAX);
+        let claimed = if fast {
+            store::claim_fast(&engine.pool, functions, limit, lease, worker_id).await
+        } else {
+            store::claim_runnable(&engine.pool, functions, limit, lease, worker_id).await
+        };
+        let (runs, moved) = claimed.map_err(|e| e.to_string())?;
+        metrics::claimed(sent.elapsed(), runs.len());
         if !runs.is_empty() {
             // The claim committed but its answer is lost: the runs stay claimed
             // until their leases expire and a reaper takes them back.
@@ -639,9 +651,9 @@ async fn claim_round(
         }
         Ok((runs, moved))
     });
-    match round.await {
+    match claim.await {
         Ok(result) => result,
-        Err(e) if e.is_panic() => Err(format!("claim round panicked: {}", panic_message(e.into_panic()))),
+        Err(e) if e.is_panic() => Err(format!("claim panicked: {}", panic_message(e.into_panic()))),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -671,19 +683,33 @@ where
     })
 }
 
-/// How many runs one claim round may take: in all (`fast`: the free slots
-/// plus the room left for runs claimed ahead), and of functions with
-/// claim-time flow rules (`full`: the free slots, or one; never more than `fast`).
+/// How many runs one claim round may take: of functions without claim-time
+/// flow rules (`fast`: the free slots plus the room left for runs claimed
+/// ahead), and of functions with them (`full`: the free slots, or one; never
+/// more than `fast`). The two statements go at once, so a round in which
+/// both classes fill their batches brings up to `full` runs more than the
+/// room: the flow-limited ones start first (`enqueue`), the others wait as
+/// runs claimed ahead.
 #[derive(Debug, Clone, Copy)]
 struct Want {
     fast: usize,
     full: usize,
 }
 
-/// A claim round that ended: what it asked for, when it was sent and when its answer came.
+/// A claim statement in flight: its round, its class (`fast`: the fast
+/// claim's functions) and how many runs it may bring.
+struct Sent {
+    round: u64,
+    fast: bool,
+    cap: usize,
+}
+
+/// A claim statement that ended: its class, what it asked for, when it was
+/// sent and when its answer came.
 struct ClaimDone {
-    result: Result<(Vec<(ClaimedRun, bool)>, i64), String>,
-    want: Want,
+    result: Result<(Vec<ClaimedRun>, i64), String>,
+    fast: bool,
+    cap: usize,
     sent: Instant,
     received: Instant,
 }

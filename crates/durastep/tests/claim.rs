@@ -237,3 +237,51 @@ async fn a_worker_claims_at_most_claim_ahead_runs_ahead(_p: PgPoolOptions, opts:
     tracing::info!(most, place, ?order, "claimed ahead at most, and the start order of the runs that waited");
     assert!(place <= 2, "the urgent run started after {place} runs claimed before it (claim_ahead 2): {order:?}");
 }
+
+/// Catches: a claim round whose fast claim waits for its full claim (until
+/// 2026-12-04 one round sent them one after the other and started no run
+/// before both answered, so one function with a flow rule added the full
+/// claim's statement to every wake-up of every other function). Here the
+/// full claim cannot run at all (a test transaction holds `flow_rules`, which
+/// only it reads); a run of the function without flow rules must still start
+/// and finish.
+#[sqlx::test(migrations = false)]
+async fn a_run_of_the_fast_claim_does_not_wait_for_the_full_claim(_p: PgPoolOptions, opts: PgConnectOptions) {
+    use sqlx::Connection;
+    common::init_logs();
+    let bodies = Arc::new(AtomicU32::new(0));
+    let limited = Function::new("limited")
+        .on_event("other")
+        .concurrency(durastep::Concurrency::new(1))
+        .handler(|_ctx: Ctx, _: ()| async move { Ok(()) });
+    let engine = common::engine(&opts, vec![counted(bodies.clone()), limited]).await;
+    let w = common::spawn_worker(&engine);
+    // Both classes claimed once, so the worker is past its start.
+    let first = engine.send(Event::new("go", &())).await.unwrap().run_ids[0];
+    let other = engine.send(Event::new("other", &())).await.unwrap().run_ids[0];
+    for id in [first, other] {
+        assert_eq!(common::finished(&engine, id).await.state, RunState::Completed);
+    }
+    // Sent from another engine, so that the run is not handed to the worker
+    // of this process but claimed.
+    let sender = common::engine(&opts, vec![counted(bodies.clone())]).await;
+    let mut blocker = sqlx::PgConnection::connect_with(&opts).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
+    sqlx::query("LOCK TABLE durastep.flow_rules IN ACCESS EXCLUSIVE MODE").execute(&mut blocker).await.unwrap();
+    let id = sender.send(Event::new("go", &())).await.unwrap().run_ids[0];
+    let run = common::finished(&engine, id).await;
+    assert_eq!(run.state, RunState::Completed, "{run:?}");
+    assert_eq!(bodies.load(Ordering::SeqCst), 2);
+    // The full claim did wait: its class is still claimed once the lock goes.
+    let waited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(&mut blocker)
+    .await
+    .unwrap();
+    assert!(waited >= 1, "a full claim waits for the lock");
+    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+    let after = engine.send(Event::new("other", &())).await.unwrap().run_ids[0];
+    assert_eq!(common::finished(&engine, after).await.state, RunState::Completed);
+    w.stop().await;
+}
