@@ -44,9 +44,10 @@ pub const RUNS_SUSPENDED: &str = "durastep_runs_suspended_total";
 /// `error` when the step failed or its attempt ended during it). Replayed steps
 /// are not timed.
 pub const STEP_DURATION: &str = "durastep_step_duration_seconds";
-/// Histogram (seconds): latency of the claim statement.
+/// Histogram (seconds): latency of the claim statement, by `claim` (`fast`:
+/// the fast claim, `full`: the full claim with flow control).
 pub const CLAIM_DURATION: &str = "durastep_claim_duration_seconds";
-/// Histogram: runs claimed per claim statement (0 when nothing was due).
+/// Histogram: runs claimed per claim statement (0 when nothing was due), by `claim`.
 pub const CLAIM_BATCH_SIZE: &str = "durastep_claim_batch_size";
 /// Histogram (seconds): one group commit of checkpoints and completions, retries included.
 pub const CHECKPOINT_FLUSH_DURATION: &str = "durastep_checkpoint_flush_duration_seconds";
@@ -101,9 +102,12 @@ pub(crate) fn runs_reaped(outcome: &str) {
     counter!(RUNS_REAPED, "outcome" => outcome.to_owned()).increment(1);
 }
 
-pub(crate) fn claimed(elapsed: Duration, runs: usize) {
-    histogram!(CLAIM_DURATION).record(elapsed);
-    histogram!(CLAIM_BATCH_SIZE).record(runs as f64);
+/// One claim statement: `fast` for the fast claim (label `claim="fast"`),
+/// else the full claim (`claim="full"`).
+pub(crate) fn claimed(elapsed: Duration, runs: usize, fast: bool) {
+    let claim = if fast { "fast" } else { "full" };
+    histogram!(CLAIM_DURATION, "claim" => claim).record(elapsed);
+    histogram!(CLAIM_BATCH_SIZE, "claim" => claim).record(runs as f64);
 }
 
 pub(crate) fn checkpoint_flushed(elapsed: Duration, writes: usize) {

@@ -321,18 +321,21 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         let batch = opts.claim_batch.max(1);
         // Claimed runs waiting for a slot, in the order they start.
         let mut ready: VecDeque<Ready> = VecDeque::new();
-        // Claim statements in flight: at most two rounds (a second one only
-        // while the queue gave full batches), each with one statement per
-        // class of functions (fast and full claim), sent together.
+        // Claim statements in flight, of each class of functions (fast and
+        // full claim) at most two (a second one only while that class's
+        // claims came back full).
         let mut claims: tokio::task::JoinSet<ClaimDone> = tokio::task::JoinSet::new();
-        // What each statement in flight is: its round, its class and the runs it may bring.
+        // What each statement in flight is: its class and the runs it may bring.
         let mut in_flight: HashMap<tokio::task::Id, Sent> = HashMap::new();
-        let mut round = 0u64;
         // Answers that came while another claim of their class was in flight
         // (taken once none is).
         let mut answered: Vec<ClaimDone> = Vec::new();
-        // Whether the last answer of each class (fast, full) filled its batch.
+        // Per class (index `class(fast)`): whether its last answer filled its
+        // batch, and until when it is not claimed (its last claim found
+        // nothing while the other class had runs: until its next due run, a
+        // wake-up or the poll interval).
         let mut last_full = [false, false];
+        let mut class_held: [Option<tokio::time::Instant>; 2] = [None, None];
         // Runs claimed or moved by the answers taken since no claim was in flight.
         let mut found = 0i64;
         // No claim before this: the queue had nothing due (until a wake-up,
@@ -377,8 +380,12 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     execute(&engine, next, writer, slot).await;
                 });
             }
-            if hold_until.is_some_and(|t| t <= tokio::time::Instant::now()) {
-                hold_until = None;
+            let now = tokio::time::Instant::now();
+            let [fast_held, full_held] = &mut class_held;
+            for h in [&mut hold_until, fast_held, full_held] {
+                if h.is_some_and(|t| t <= now) {
+                    *h = None;
+                }
             }
             // Claim ahead only what the slots freed lately would take (in the
             // last full window or the current one): a worker whose handlers
@@ -395,41 +402,43 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             let covered = ready.len() + in_flight.values().map(|c| c.cap).sum::<usize>();
             let room = (idle + ahead).saturating_sub(covered);
             let starved = idle > covered || (ahead > 0 && room >= ahead.div_ceil(2));
-            let rounds = {
-                let mut r: Vec<u64> = in_flight.values().map(|c| c.round).collect();
-                r.sort_unstable();
-                r.dedup();
-                r.len()
-            };
-            let may_claim =
-                answered.is_empty() && (claims.is_empty() || (rounds < 2 && last_full.iter().any(|f| *f)));
-            if hold_until.is_none() && room > 0 && starved && may_claim {
+            if hold_until.is_none() && room > 0 && starved {
                 let want = Want {
                     fast: room.min(batch),
                     full: idle.saturating_sub(covered).max(1).min(room.min(batch)),
                 };
-                round += 1;
-                // Both classes at once, each in a statement of its own: the
-                // runs of one start as soon as its answer comes, whatever the
-                // other's statement costs (the full claim's is the larger).
+                // Each class in statements of its own: the runs of one start as
+                // soon as its answer comes, whatever the other's statement costs
+                // (the full claim's is the larger), and a class with nothing due
+                // is not claimed again until something of it may be.
+                let mut sent = false;
                 for (fast, cap) in [(true, want.fast), (false, want.full)] {
-                    if classes.of_class(fast).ids.is_empty() {
+                    let c = class(fast);
+                    let n = in_flight.values().filter(|s| s.fast == fast).count();
+                    // No claim of a class is sent while its answers wait.
+                    let may_claim = class_held[c].is_none()
+                        && !answered.iter().any(|d| d.fast == fast)
+                        && (n == 0 || (n < 2 && last_full[c]));
+                    if !may_claim || classes.of_class(fast).ids.is_empty() {
                         continue;
                     }
                     let (engine, classes) = (engine.clone(), classes.clone());
                     let task = claims.spawn(async move {
                         // The lease starts when the database runs the claim: count from before we send it.
                         let sent = Instant::now();
-                        let result = claim_class(&engine, &classes, fast, cap, worker_id).await;
-                        ClaimDone { result, fast, cap, sent, received: Instant::now() }
+                        let (result, next_due) = claim_class(&engine, &classes, fast, cap, worker_id).await;
+                        ClaimDone { result, fast, cap, sent, received: Instant::now(), next_due }
                     });
-                    in_flight.insert(task.id(), Sent { round, fast, cap });
+                    in_flight.insert(task.id(), Sent { fast, cap });
+                    sent = true;
                 }
-                if claims.is_empty() {
+                if sent {
+                    continue;
+                }
+                if classes.fast.ids.is_empty() && classes.full.ids.is_empty() {
                     // No function to claim for: only the timer or a wake-up ends the wait.
                     hold_until = Some(tokio::time::Instant::now() + opts.poll_interval);
                 }
-                continue;
             }
             // Idle with nothing due: offer the free slots to the sends of this
             // process (if it has functions whose runs may be handed on).
@@ -439,7 +448,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 && ready.is_empty()
                 && !classes.fast.ids.is_empty();
             handoff.open.store(if idle_waiting { slots.available_permits() } else { 0 }, Ordering::Release);
-            let sleep_until = hold_until.unwrap_or_else(|| tokio::time::Instant::now() + opts.poll_interval);
+            let held_until = [hold_until, class_held[0], class_held[1]].into_iter().flatten().min();
+            let sleep_until = held_until.unwrap_or_else(|| tokio::time::Instant::now() + opts.poll_interval);
             let give_back_at =
                 ready.iter().map(|r| r.received).min().map_or(sleep_until, |r| (r + AHEAD_WAIT_MAX).into());
             // The stop first: a worker woken by its stop and a handed run at
@@ -473,12 +483,16 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                         answered.drain(..).partition(|d| d.fast == sent.fast);
                     answered = waiting;
                     taken.sort_by_key(|d| d.sent);
+                    let mut class_found = 0;
+                    // When the class's next run is due, as its last empty claim read it.
+                    let mut next_due = None;
                     for done in taken {
+                        next_due = done.next_due;
                         match done.result {
                             Ok((claimed, moved)) => {
                                 failures = 0;
-                                last_full[usize::from(!done.fast)] = claimed.len() >= done.cap;
-                                found += i64::try_from(claimed.len()).unwrap_or(i64::MAX) + moved;
+                                last_full[class(done.fast)] = claimed.len() >= done.cap;
+                                class_found += i64::try_from(claimed.len()).unwrap_or(i64::MAX) + moved;
                                 for run in claimed {
                                     let r = hold(&held, &waiting_lost, run, done.sent, done.received, done.fast);
                                     enqueue(&mut ready, r);
@@ -492,6 +506,18 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                                 hold_until = Some(tokio::time::Instant::now() + backoff);
                             }
                         }
+                    }
+                    found += class_found;
+                    // This class had nothing due (its flow control moved nothing
+                    // either) while the other class has claims in flight or found
+                    // runs: it is not claimed again before its next due run, a
+                    // wake-up or the poll interval (its statement, the full
+                    // claim's above all, would otherwise go with every claim of
+                    // the other class, for nothing).
+                    if class_found == 0 && failures == 0 && (found > 0 || !claims.is_empty()) {
+                        let wait = next_due.map_or(opts.poll_interval, |d| d.min(opts.poll_interval));
+                        class_held[class(sent.fast)] =
+                            Some(tokio::time::Instant::now() + wait.max(Duration::from_millis(5)));
                     }
                     // Nothing due (flow control moved nothing either) in what every
                     // claim since the last quiet moment found: wait for a wake-up or
@@ -513,7 +539,10 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     let r = hold(&held, &waiting_lost, h.run, h.sent, h.received, true);
                     enqueue(&mut ready, r);
                 }
-                _ = wake.notified(), if hold_until.is_some() && failures == 0 => hold_until = None,
+                _ = wake.notified(), if held_until.is_some() && failures == 0 => {
+                    hold_until = None;
+                    class_held = [None, None];
+                }
                 _ = slot_freed.notify.notified() => {}
                 _ = waiting_lost.notified() => {}
                 _ = tokio::time::sleep_until(give_back_at), if !ready.is_empty() => {
@@ -528,7 +557,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                         give_back(&engine, r).await;
                     }
                 }
-                _ = tokio::time::sleep_until(sleep_until), if hold_until.is_some() => hold_until = None,
+                // The end of a wait (cleared at the top of the loop).
+                _ = tokio::time::sleep_until(sleep_until), if held_until.is_some() => {}
             }
         }
 
@@ -622,40 +652,52 @@ impl ClaimClasses {
 ///
 /// Up to `cap` runs: the fast claim for the functions without claim-time
 /// flow rules (`fast`), the full claim for the others. Priority orders runs
-/// within each class; a round claims both classes at once, so that neither
-/// starves the other and neither's answer waits for the other's statement.
+/// within each class; the claim loop claims each class on its own, so that
+/// neither starves the other and neither's answer waits for the other's
+/// statement. When the claim found nothing and the worker has functions of
+/// the other class too, also returns how long until this class's next due
+/// run (read here, so that the claim loop does not wait for it).
 async fn claim_class(
     engine: &Arc<EngineInner>,
     classes: &Arc<ClaimClasses>,
     fast: bool,
     cap: usize,
     worker_id: Uuid,
-) -> Result<(Vec<ClaimedRun>, i64), String> {
-    let (engine, classes) = (engine.clone(), classes.clone());
-    let claim = tokio::spawn(async move {
-        crate::failpoint!("claim-before-commit", Err("failpoint claim-before-commit".to_owned()));
-        let (lease, functions) = (engine.worker.lease, classes.of_class(fast));
-        let sent = Instant::now();
-        let limit = i64::try_from(cap).unwrap_or(i64::MAX);
-        let claimed = if fast {
-            store::claim_fast(&engine.pool, functions, limit, lease, worker_id).await
-        } else {
-            store::claim_runnable(&engine.pool, functions, limit, lease, worker_id).await
-        };
-        let (runs, moved) = claimed.map_err(|e| e.to_string())?;
-        metrics::claimed(sent.elapsed(), runs.len());
-        if !runs.is_empty() {
-            // The claim committed but its answer is lost: the runs stay claimed
-            // until their leases expire and a reaper takes them back.
-            crate::failpoint!("claim-after-commit", Err("failpoint claim-after-commit".to_owned()));
+) -> (Result<(Vec<ClaimedRun>, i64), String>, Option<Duration>) {
+    let claim = tokio::spawn({
+        let (engine, classes) = (engine.clone(), classes.clone());
+        async move {
+            crate::failpoint!("claim-before-commit", Err("failpoint claim-before-commit".to_owned()));
+            let (lease, functions) = (engine.worker.lease, classes.of_class(fast));
+            let sent = Instant::now();
+            let limit = i64::try_from(cap).unwrap_or(i64::MAX);
+            let claimed = if fast {
+                store::claim_fast(&engine.pool, functions, limit, lease, worker_id).await
+            } else {
+                store::claim_runnable(&engine.pool, functions, limit, lease, worker_id).await
+            };
+            let (runs, moved) = claimed.map_err(|e| e.to_string())?;
+            metrics::claimed(sent.elapsed(), runs.len(), fast);
+            if !runs.is_empty() {
+                // The claim committed but its answer is lost: the runs stay claimed
+                // until their leases expire and a reaper takes them back.
+                crate::failpoint!("claim-after-commit", Err("failpoint claim-after-commit".to_owned()));
+            }
+            Ok((runs, moved))
         }
-        Ok((runs, moved))
     });
-    match claim.await {
+    let result = match claim.await {
         Ok(result) => result,
         Err(e) if e.is_panic() => Err(format!("claim panicked: {}", panic_message(e.into_panic()))),
         Err(e) => Err(e.to_string()),
-    }
+    };
+    let nothing = matches!(&result, Ok((runs, 0)) if runs.is_empty());
+    let next_due = if nothing && !classes.of_class(!fast).ids.is_empty() {
+        store::next_due_in(&engine.pool, classes.of_class(fast)).await.ok().flatten()
+    } else {
+        None
+    };
+    (result, next_due)
 }
 
 /// Runs a background task of the worker, and runs it again if it panics (a
@@ -696,12 +738,17 @@ struct Want {
     full: usize,
 }
 
-/// A claim statement in flight: its round, its class (`fast`: the fast
-/// claim's functions) and how many runs it may bring.
+/// A claim statement in flight: its class (`fast`: the fast claim's
+/// functions) and how many runs it may bring.
 struct Sent {
-    round: u64,
     fast: bool,
     cap: usize,
+}
+
+/// The index of a class in the claim loop's per-class arrays: 0 for the fast
+/// claim's functions, 1 for the full claim's.
+fn class(fast: bool) -> usize {
+    usize::from(!fast)
 }
 
 /// A claim statement that ended: its class, what it asked for, when it was
@@ -712,6 +759,9 @@ struct ClaimDone {
     cap: usize,
     sent: Instant,
     received: Instant,
+    /// How long until this class's next due run, read after an empty answer
+    /// (None: not read, or nothing scheduled).
+    next_due: Option<Duration>,
 }
 
 /// A claimed run that has not started: held (its lease is kept), waiting for a slot.

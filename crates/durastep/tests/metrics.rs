@@ -193,9 +193,10 @@ async fn a_run_that_fails_once_then_completes(_p: PgPoolOptions, opts: PgConnect
     assert!(step("push", "ok").iter().all(|s| *s >= 0.0 && *s < 15.0));
 
     // Claims: at least the two that started the attempts, each taking some time.
-    let sizes = recorder.samples("durastep_claim_batch_size{}");
+    let sizes = recorder.samples("durastep_claim_batch_size{claim=fast}");
     assert_eq!(sizes.iter().sum::<f64>(), 2.0, "two claims returned a run: {sizes:?}");
-    assert_eq!(recorder.samples("durastep_claim_duration_seconds{}").len(), sizes.len());
+    assert_eq!(recorder.samples("durastep_claim_duration_seconds{claim=fast}").len(), sizes.len());
+    assert!(recorder.samples("durastep_claim_batch_size{claim=full}").is_empty(), "no function needs the full claim");
     // Group commits: checkpoints fetch and push, and the completion.
     let flushed = recorder.samples("durastep_checkpoint_flush_batch_size{}");
     assert_eq!(flushed.iter().sum::<f64>(), 3.0, "{flushed:?}");
@@ -309,4 +310,56 @@ async fn reaped_runs_and_lost_leases_are_counted(_p: PgPoolOptions, opts: PgConn
     assert_eq!(recorder.counter("durastep_runs_started_total{function=m-fenced,kind=retry}"), 1);
     assert_eq!(recorder.counter("durastep_runs_completed_total{function=m-fenced}"), 1);
     assert_eq!(recorder.counter("durastep_runs_reaped_total{outcome=queued}"), 1);
+}
+
+/// Catches: a worker that sends the full claim (flow control, the larger
+/// statement) beside every fast claim while none of its flow-limited runs is
+/// due. Until 2026-12-04 every claim round had both (the full one in about
+/// every second round of a backlog); now a class whose claim found nothing
+/// while the other class had runs is not claimed again before its next due
+/// run, a wake-up or the poll interval (1 s here, so a busy machine's slower
+/// drain can add only about one full claim per second of it).
+#[sqlx::test(migrations = false)]
+async fn a_backlog_of_one_class_does_not_send_the_other_class_claim_each_time(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let recorder = TestRecorder::default();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let plain = Function::new("plain").on_event("go").handler(|ctx: Ctx, _: ()| async move {
+        ctx.step("one", || async { Ok(()) }).await?;
+        Ok(())
+    });
+    let limited = Function::new("limited")
+        .on_event("other")
+        .concurrency(durastep::Concurrency::new(1))
+        .handler(|_ctx: Ctx, _: ()| async move { Ok(()) });
+    let worker_options = WorkerOptions {
+        max_in_flight: 4,
+        claim_batch: 4,
+        claim_ahead: 0,
+        poll_interval: Duration::from_secs(1),
+        ..common::fast_options()
+    };
+    let engine = common::engine_with(&opts, vec![plain, limited], worker_options).await;
+    let mut ids = Vec::new();
+    for i in 0..200 {
+        ids.push(engine.send(Event::new("go", &i)).await.unwrap().run_ids[0]);
+    }
+    let worker = common::spawn_worker(&engine);
+    for id in ids {
+        common::finished(&engine, id).await;
+    }
+    worker.stop().await;
+    let fast = recorder.samples("durastep_claim_batch_size{claim=fast}");
+    let full = recorder.samples("durastep_claim_batch_size{claim=full}");
+    assert_eq!(fast.iter().sum::<f64>(), 200.0, "every run claimed by the fast claim");
+    assert!(fast.len() >= 50, "batches of at most 4: {}", fast.len());
+    assert!(full.iter().all(|n| *n == 0.0), "nothing of the full claim's class was due");
+    assert!(
+        full.len() * 4 < fast.len(),
+        "{} full claims beside {} fast claims: the idle class was claimed along",
+        full.len(),
+        fast.len()
+    );
 }
