@@ -397,48 +397,54 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             }
             let ahead = ahead.min(recent_frees.max(frees - window_frees));
             // Free slots, and the runs that will fill them without a slot of
-            // their own: those waiting and those the claims in flight may bring.
+            // their own: those waiting and those the claims in flight of the
+            // same class may bring. A class does not count the other's claims
+            // in flight: the other's statement may be slow (the full claim's,
+            // or one waiting for a lock) and must not keep it from free slots.
+            // If both bring runs for the same slots, the flow-limited ones
+            // start first (`enqueue`) and the others wait as runs claimed ahead.
             let idle = slots.available_permits();
-            let covered = ready.len() + in_flight.values().map(|c| c.cap).sum::<usize>();
-            let room = (idle + ahead).saturating_sub(covered);
-            let starved = idle > covered || (ahead > 0 && room >= ahead.div_ceil(2));
-            if hold_until.is_none() && room > 0 && starved {
-                let want = Want {
-                    fast: room.min(batch),
-                    full: idle.saturating_sub(covered).max(1).min(room.min(batch)),
-                };
-                // Each class in statements of its own: the runs of one start as
-                // soon as its answer comes, whatever the other's statement costs
-                // (the full claim's is the larger), and a class with nothing due
-                // is not claimed again until something of it may be.
-                let mut sent = false;
-                for (fast, cap) in [(true, want.fast), (false, want.full)] {
-                    let c = class(fast);
-                    let n = in_flight.values().filter(|s| s.fast == fast).count();
-                    // No claim of a class is sent while its answers wait.
-                    let may_claim = class_held[c].is_none()
-                        && !answered.iter().any(|d| d.fast == fast)
-                        && (n == 0 || (n < 2 && last_full[c]));
-                    if !may_claim || classes.of_class(fast).ids.is_empty() {
-                        continue;
-                    }
-                    let (engine, classes) = (engine.clone(), classes.clone());
-                    let task = claims.spawn(async move {
-                        // The lease starts when the database runs the claim: count from before we send it.
-                        let sent = Instant::now();
-                        let (result, next_due) = claim_class(&engine, &classes, fast, cap, worker_id).await;
-                        ClaimDone { result, fast, cap, sent, received: Instant::now(), next_due }
-                    });
-                    in_flight.insert(task.id(), Sent { fast, cap });
-                    sent = true;
-                }
-                if sent {
+            let mut sent = false;
+            for fast in [true, false] {
+                let c = class(fast);
+                let mine = in_flight.values().filter(|s| s.fast == fast);
+                let n = mine.clone().count();
+                let covered = ready.len() + mine.map(|s| s.cap).sum::<usize>();
+                let room = (idle + ahead).saturating_sub(covered);
+                let starved = idle > covered || (ahead > 0 && room >= ahead.div_ceil(2));
+                // No claim of a class is sent while its answers wait, nor while
+                // it waits for its next due run.
+                let may_claim = hold_until.is_none()
+                    && class_held[c].is_none()
+                    && room > 0
+                    && starved
+                    && !answered.iter().any(|d| d.fast == fast)
+                    && (n == 0 || (n < 2 && last_full[c]))
+                    && !classes.of_class(fast).ids.is_empty();
+                if !may_claim {
                     continue;
                 }
-                if classes.fast.ids.is_empty() && classes.full.ids.is_empty() {
-                    // No function to claim for: only the timer or a wake-up ends the wait.
-                    hold_until = Some(tokio::time::Instant::now() + opts.poll_interval);
-                }
+                let cap = if fast {
+                    room.min(batch)
+                } else {
+                    idle.saturating_sub(covered).max(1).min(room.min(batch))
+                };
+                let (engine, classes) = (engine.clone(), classes.clone());
+                let task = claims.spawn(async move {
+                    // The lease starts when the database runs the claim: count from before we send it.
+                    let sent = Instant::now();
+                    let (result, next_due) = claim_class(&engine, &classes, fast, cap, worker_id).await;
+                    ClaimDone { result, fast, cap, sent, received: Instant::now(), next_due }
+                });
+                in_flight.insert(task.id(), Sent { fast, cap });
+                sent = true;
+            }
+            if sent {
+                continue;
+            }
+            if hold_until.is_none() && classes.fast.ids.is_empty() && classes.full.ids.is_empty() {
+                // No function to claim for: only the timer or a wake-up ends the wait.
+                hold_until = Some(tokio::time::Instant::now() + opts.poll_interval);
             }
             // Idle with nothing due: offer the free slots to the sends of this
             // process (if it has functions whose runs may be handed on).
@@ -723,19 +729,6 @@ where
             }
         }
     })
-}
-
-/// How many runs one claim round may take: of functions without claim-time
-/// flow rules (`fast`: the free slots plus the room left for runs claimed
-/// ahead), and of functions with them (`full`: the free slots, or one; never
-/// more than `fast`). The two statements go at once, so a round in which
-/// both classes fill their batches brings up to `full` runs more than the
-/// room: the flow-limited ones start first (`enqueue`), the others wait as
-/// runs claimed ahead.
-#[derive(Debug, Clone, Copy)]
-struct Want {
-    fast: usize,
-    full: usize,
 }
 
 /// A claim statement in flight: its class (`fast`: the fast claim's
