@@ -51,8 +51,10 @@ pub struct WorkerOptions {
     /// refilled in one claim once half of it has started, and a run that
     /// waited a second without a slot is given back. Only runs of
     /// functions without claim-time flow rules or timeouts are claimed ahead
-    /// beyond one run; a run of a flow-limited function waits for at most
-    /// one slot to free, ahead of the buffered runs. 0 claims only for free slots.
+    /// beyond one run; a run of a flow-limited function is claimed for a
+    /// free slot (or one ahead) and starts ahead of the buffered runs (if
+    /// the other class's claim took the same free slots at the same moment,
+    /// it waits for the next ones). 0 claims only for free slots.
     pub claim_ahead: usize,
     /// Longest wait between claims when no notification arrives (default 1 s):
     /// the bound on how late a timer can fire.
