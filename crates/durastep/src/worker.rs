@@ -178,7 +178,7 @@ impl LocalWorkers {
     pub(crate) fn wake(&self) {
         let workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for worker in workers.iter().filter_map(std::sync::Weak::upgrade) {
-            worker.wake.notify_one();
+            worker.wake.classes([true, true]);
         }
     }
 
@@ -197,7 +197,7 @@ impl LocalWorkers {
 /// How the sends of its process reach a worker: its wake-up, and the runs
 /// they claimed for it.
 pub(crate) struct Handoff {
-    wake: Arc<Notify>,
+    wake: Arc<Wake>,
     worker_id: Uuid,
     lease: Duration,
     /// Its functions without claim-time flow rules: only their runs are handed.
@@ -206,6 +206,40 @@ pub(crate) struct Handoff {
     /// claimed, 0 otherwise.
     open: AtomicUsize,
     runs: tokio::sync::mpsc::UnboundedSender<Handed>,
+}
+
+/// A worker's wake-up: it ends the claim loop's wait, for the classes of
+/// functions (index `class(fast)`) it was given. A NOTIFY whose payload names
+/// functions wakes only the classes that run one of them (migration 0027);
+/// every other wake-up wakes both.
+#[derive(Default)]
+struct Wake {
+    notify: Notify,
+    /// The classes woken since the claim loop last took them.
+    classes: [AtomicBool; 2],
+}
+
+impl Wake {
+    /// Wakes the claim loop for `classes` (nothing, for no class). A wake-up
+    /// while the loop claims is kept for its next wait.
+    fn classes(&self, classes: [bool; 2]) {
+        if classes == [false, false] {
+            return;
+        }
+        for (woken, wake) in self.classes.iter().zip(classes) {
+            if wake {
+                woken.store(true, Ordering::Release);
+            }
+        }
+        self.notify.notify_one();
+    }
+
+    /// The classes woken since the last call (both, if none is marked: a
+    /// wake-up that does not say is for both).
+    fn take(&self) -> [bool; 2] {
+        let taken = self.classes.each_ref().map(|woken| woken.swap(false, Ordering::AcqRel));
+        if taken == [false, false] { [true, true] } else { taken }
+    }
 }
 
 /// A run claimed for a worker by a send of its process.
@@ -267,7 +301,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             functions.version_ids.iter().zip(&functions.versions).map(|(f, v)| format!("{f}@{v}")).collect();
         tracing::info!(functions = ?versions, "worker started");
         let held: HeldRuns = Arc::default();
-        let wake = Arc::new(Notify::new());
+        let wake = Arc::new(Wake::default());
         let (handed_tx, mut handed) = tokio::sync::mpsc::unbounded_channel();
         let handoff = Arc::new(Handoff {
             wake: wake.clone(),
@@ -306,6 +340,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             background.push(tokio::spawn(listen_loop(
                 engine.clone(),
                 wake.clone(),
+                classes.clone(),
                 held.clone(),
                 stop_background.clone(),
             )));
@@ -547,9 +582,14 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     let r = hold(&held, &waiting_lost, h.run, h.sent, h.received, true);
                     enqueue(&mut ready, r);
                 }
-                _ = wake.notified(), if held_until.is_some() && failures == 0 => {
-                    hold_until = None;
-                    class_held = [None, None];
+                _ = wake.notify.notified(), if held_until.is_some() && failures == 0 => {
+                    let woken = wake.take();
+                    // A hold of the whole worker stays on for the classes not
+                    // woken: nothing was announced for their functions.
+                    let whole = hold_until.take();
+                    for (held, woken) in class_held.iter_mut().zip(woken) {
+                        *held = if woken { None } else { (*held).max(whole) };
+                    }
                 }
                 _ = slot_freed.notify.notified() => {}
                 _ = waiting_lost.notified() => {}
@@ -650,6 +690,25 @@ impl ClaimClasses {
     /// The functions of the fast claim (`fast`) or of the full claim.
     fn of_class(&self, fast: bool) -> &store::Handled {
         if fast { &self.fast } else { &self.full }
+    }
+
+    /// The classes (index `class(fast)`) a wake-up on `durastep_wakeup` is
+    /// for: those that run a function its payload names (function ids
+    /// separated by a space), both for an empty payload (it does not say),
+    /// none when it names none of this worker's functions.
+    fn woken_by(&self, payload: &str) -> [bool; 2] {
+        if payload.is_empty() {
+            return [true, true];
+        }
+        let mut woken = [false, false];
+        for id in payload.split(' ') {
+            for fast in [true, false] {
+                if self.of_class(fast).ids.binary_search_by(|f| f.as_str().cmp(id)).is_ok() {
+                    woken[class(fast)] = true;
+                }
+            }
+        }
+        woken
     }
 }
 
@@ -1409,7 +1468,13 @@ async fn sample_queue_depth(engine: &EngineInner) {
 /// LISTEN for wake-up hints, and for cancels of running runs (a held run
 /// that is cancelled has its handler dropped at once, not at the next
 /// heartbeat); reconnects with backoff. Polling and heartbeats cover any gap.
-async fn listen_loop(engine: Arc<EngineInner>, wake: Arc<Notify>, held: HeldRuns, stop: CancellationToken) {
+async fn listen_loop(
+    engine: Arc<EngineInner>,
+    wake: Arc<Wake>,
+    classes: Arc<ClaimClasses>,
+    held: HeldRuns,
+    stop: CancellationToken,
+) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let listener = async {
@@ -1434,13 +1499,13 @@ async fn listen_loop(engine: Arc<EngineInner>, wake: Arc<Notify>, held: HeldRuns
         };
         backoff = Duration::from_millis(100);
         // A reconnect may have missed notifications: wake once.
-        wake.notify_one();
+        wake.classes([true, true]);
         loop {
             tokio::select! {
                 n = listener.try_recv() => match n {
                     Ok(Some(n)) if n.channel() == store::CANCEL_CHANNEL => drop_cancelled(&held, n.payload()),
-                    Ok(Some(_)) => wake.notify_one(),
-                    Ok(None) => { wake.notify_one(); } // connection lost and re-established by sqlx
+                    Ok(Some(n)) => wake.classes(classes.woken_by(n.payload())),
+                    Ok(None) => wake.classes([true, true]), // connection lost and re-established by sqlx
                     Err(_) => break,
                 },
                 _ = stop.cancelled() => return,
@@ -1532,4 +1597,39 @@ async fn cron_tick(engine: &EngineInner, ids: &[String]) -> Result<usize, Error>
         tracing::info!(fired, "cron fire times sent");
     }
     Ok(fired)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handled(ids: &[&str]) -> store::Handled {
+        let ids: Vec<String> = ids.iter().map(|s| (*s).to_owned()).collect();
+        store::Handled { version_ids: ids.clone(), versions: vec![1; ids.len()], ids }
+    }
+
+    #[test]
+    fn a_wake_up_wakes_the_classes_of_the_functions_it_names() {
+        let classes = ClaimClasses { fast: handled(&["a", "b/on-failure", "c"]), full: handled(&["limited"]) };
+        assert_eq!(classes.woken_by(""), [true, true], "an empty payload does not say: both");
+        assert_eq!(classes.woken_by("c"), [true, false]);
+        assert_eq!(classes.woken_by("b/on-failure"), [true, false]);
+        assert_eq!(classes.woken_by("limited"), [false, true]);
+        assert_eq!(classes.woken_by("a limited other"), [true, true]);
+        assert_eq!(classes.woken_by("other another"), [false, false], "none of its functions: no class");
+        assert_eq!(classes.woken_by("lim"), [false, false], "ids are matched whole");
+    }
+
+    #[test]
+    fn wake_ups_add_up_until_taken() {
+        let wake = Wake::default();
+        wake.classes([false, false]);
+        assert_eq!(wake.take(), [true, true], "nothing marked reads as both");
+        wake.classes([false, true]);
+        assert_eq!(wake.take(), [false, true]);
+        wake.classes([true, false]);
+        wake.classes([false, true]);
+        assert_eq!(wake.take(), [true, true]);
+        assert_eq!(wake.classes.each_ref().map(|c| c.load(Ordering::Acquire)), [false, false]);
+    }
 }

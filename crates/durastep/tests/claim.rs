@@ -268,6 +268,15 @@ async fn a_run_of_the_fast_claim_does_not_wait_for_the_full_claim(_p: PgPoolOpti
     let mut blocker = sqlx::PgConnection::connect_with(&opts).await.unwrap();
     sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
     sqlx::query("LOCK TABLE durastep.flow_rules IN ACCESS EXCLUSIVE MODE").execute(&mut blocker).await.unwrap();
+    // A full claim waits for the lock (the worker claims both classes at
+    // least once per poll interval, 50 ms here).
+    let waiting =
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while sqlx::query_scalar::<_, i64>(waiting).fetch_one(&mut blocker).await.unwrap() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no full claim came to wait for the lock");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     // One after the other: the full claim stays in flight all along, and
     // does not hold back the fast claims of later wake-ups either.
     for _ in 0..3 {
@@ -276,13 +285,8 @@ async fn a_run_of_the_fast_claim_does_not_wait_for_the_full_claim(_p: PgPoolOpti
         assert_eq!(run.state, RunState::Completed, "{run:?}");
     }
     assert_eq!(bodies.load(Ordering::SeqCst), 4);
-    // The full claim did wait: its class is still claimed once the lock goes.
-    let waited: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-    )
-    .fetch_one(&mut blocker)
-    .await
-    .unwrap();
+    // The full claim still waits: its class is claimed once the lock goes.
+    let waited: i64 = sqlx::query_scalar(waiting).fetch_one(&mut blocker).await.unwrap();
     assert!(waited >= 1, "a full claim waits for the lock");
     sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
     let after = engine.send(Event::new("other", &())).await.unwrap().run_ids[0];

@@ -363,3 +363,74 @@ async fn a_backlog_of_one_class_does_not_send_the_other_class_claim_each_time(
         fast.len()
     );
 }
+
+/// Catches: a wake-up that ends the hold of both claim classes when it
+/// announces runs of one. Until migration 0027 a send's NOTIFY had an empty
+/// payload, so a worker that also ran a function of the full claim (here one
+/// with a finish timeout) sent the full claim's statement beside the fast one
+/// at every send of a plain function; and a worker woke for sends of
+/// functions it does not run at all. The poll interval (60 s) is longer than
+/// the test: every claim after the first comes from a wake-up. The sends come
+/// from another engine, so that they reach the worker by NOTIFY (not by the
+/// in-process wake-up, which does not name functions).
+#[sqlx::test(migrations = false)]
+async fn a_wake_up_wakes_only_the_class_of_the_functions_it_names(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let recorder = TestRecorder::default();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let plain =
+        || Function::new("plain").on_event("go").handler(|_ctx: Ctx, _: serde_json::Value| async move { Ok(()) });
+    let timed = || {
+        Function::new("timed")
+            .on_event("timed")
+            .finish_timeout(Duration::from_secs(3600))
+            .handler(|_ctx: Ctx, _: serde_json::Value| async move { Ok(()) })
+    };
+    let elsewhere =
+        Function::new("elsewhere").on_event("far").handler(|_ctx: Ctx, _: serde_json::Value| async move { Ok(()) });
+    let worker_options = WorkerOptions { poll_interval: Duration::from_secs(60), ..common::fast_options() };
+    let engine = common::engine_with(&opts, vec![plain(), timed()], worker_options).await;
+    let sender = common::engine(&opts, vec![plain(), timed(), elsewhere]).await;
+    let worker = common::spawn_worker(&engine);
+    let claims = |class: &str| recorder.samples(&format!("durastep_claim_batch_size{{claim={class}}}")).len();
+
+    // A wake-up naming the function of the full claim reaches that class
+    // while the worker holds (nothing was due at its start).
+    let id = sender.send(Event::new("timed", &())).await.unwrap().run_ids[0];
+    let run = common::finished(&engine, id).await;
+    assert_eq!(run.state, durastep::RunState::Completed, "{run:?}");
+    let id = sender.send(Event::new("go", &())).await.unwrap().run_ids[0];
+    assert_eq!(common::finished(&engine, id).await.state, durastep::RunState::Completed);
+
+    // Sends of the plain function: the fast class claims, the full class does not.
+    let (fast_before, full_before) = (claims("fast"), claims("full"));
+    for i in 0..10 {
+        let id = sender.send(Event::new("go", &i)).await.unwrap().run_ids[0];
+        assert_eq!(common::finished(&engine, id).await.state, durastep::RunState::Completed);
+    }
+    let (fast_after, full_after) = (claims("fast"), claims("full"));
+    assert!(fast_after >= fast_before + 10, "each run claimed: {fast_before} -> {fast_after} fast claims");
+    assert!(
+        full_after <= full_before + 2,
+        "{} full claims for 10 wake-ups of the fast class",
+        full_after - full_before
+    );
+
+    // Sends of a function the worker does not run do not wake it. (The
+    // first send of a name creates its topic row through the full fan-out,
+    // whose NOTIFY does not name functions: it goes before the count.)
+    sender.send(Event::new("far", &0)).await.unwrap();
+    let id = sender.send(Event::new("go", &())).await.unwrap().run_ids[0];
+    assert_eq!(common::finished(&engine, id).await.state, durastep::RunState::Completed);
+    let quiet = (claims("fast"), claims("full"));
+    for i in 0..5 {
+        sender.send(Event::new("far", &i)).await.unwrap();
+    }
+    // A wake-up of the fast class after them, so the worker has had every
+    // NOTIFY of those sends before this one's (Postgres delivers them in
+    // commit order on one connection).
+    let id = sender.send(Event::new("go", &())).await.unwrap().run_ids[0];
+    assert_eq!(common::finished(&engine, id).await.state, durastep::RunState::Completed);
+    let (fast, full) = (claims("fast") - quiet.0, claims("full") - quiet.1);
+    assert!(fast <= 4 && full == 0, "{fast} fast and {full} full claims for 5 foreign wake-ups and 1 of its own");
+    worker.stop().await;
+}
