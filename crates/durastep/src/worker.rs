@@ -368,15 +368,23 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         // (taken once none is).
         let mut answered: Vec<ClaimDone> = Vec::new();
         // Per class (index `class(fast)`): whether its last answer filled its
-        // batch, and until when it is not claimed (its last claim found
-        // nothing while the other class had runs: until its next due run, a
-        // wake-up or the poll interval).
+        // batch, and until when it is not claimed (a worker with functions of
+        // both classes only: its last claim found nothing; until its next due
+        // run, a wake-up for it or the poll interval).
         let mut last_full = [false, false];
         let mut class_held: [Option<tokio::time::Instant>; 2] = [None, None];
-        // Runs claimed or moved by the answers taken since no claim was in flight.
+        let both_classes = !classes.fast.ids.is_empty() && !classes.full.ids.is_empty();
+        // Per class: woken while a claim of it was in flight. That claim may
+        // have gone out before the run the wake-up announces was visible, so
+        // its answer, if empty, does not hold the class (the wake-up would be
+        // lost until the poll interval).
+        let mut woken_in_flight = [false, false];
+        // A worker with one class: runs claimed or moved by the answers
+        // taken since no claim was in flight.
         let mut found = 0i64;
-        // No claim before this: the queue had nothing due (until a wake-up,
-        // a slot frees or the timer), or a claim failed (backoff).
+        // No claim before this: a worker with one class had nothing due
+        // (until a wake-up, a slot frees or the timer), or a claim failed
+        // (backoff).
         let mut hold_until: Option<tokio::time::Instant> = None;
         let mut failures = 0u32;
         let (mut window_start, mut window_frees, mut recent_frees) = (Instant::now(), 0usize, 0usize);
@@ -485,7 +493,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             }
             // Idle with nothing due: offer the free slots to the sends of this
             // process (if it has functions whose runs may be handed on).
-            let idle_waiting = hold_until.is_some()
+            let quiet = hold_until.is_some() || (both_classes && class_held.iter().all(Option::is_some));
+            let idle_waiting = quiet
                 && failures == 0
                 && claims.is_empty()
                 && ready.is_empty()
@@ -550,31 +559,37 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                             }
                         }
                     }
-                    found += class_found;
-                    // This class had nothing due (its flow control moved nothing
-                    // either) while the other class has claims in flight or found
-                    // runs: it is not claimed again before its next due run, a
-                    // wake-up or the poll interval (its statement, the full
-                    // claim's above all, would otherwise go with every claim of
-                    // the other class, for nothing).
-                    if class_found == 0 && failures == 0 && (found > 0 || !claims.is_empty()) {
-                        let wait = next_due.map_or(opts.poll_interval, |d| d.min(opts.poll_interval));
-                        class_held[class(sent.fast)] =
-                            Some(tokio::time::Instant::now() + wait.max(Duration::from_millis(5)));
-                    }
-                    // Nothing due (flow control moved nothing either) in what every
-                    // claim since the last quiet moment found: wait for a wake-up or
-                    // the next due run, not for a slot.
-                    if claims.is_empty() {
-                        if found == 0 && failures == 0 {
-                            let wait = match store::next_due_in(&engine.pool, &functions).await {
-                                Ok(Some(d)) => d.min(opts.poll_interval),
-                                _ => opts.poll_interval,
-                            };
-                            // Due but claimed by someone else or not yet visible: do not spin.
-                            hold_until = Some(tokio::time::Instant::now() + wait.max(Duration::from_millis(5)));
+                    if both_classes {
+                        // A worker with functions of both classes holds each on
+                        // its own: a class that had nothing due (its flow control
+                        // moved nothing either) is not claimed again before its
+                        // next due run (read by its claim's task), a wake-up for
+                        // it or the poll interval. Its statement, the full
+                        // claim's above all, would otherwise go with every claim
+                        // of the other class, for nothing; and a hold of the whole
+                        // worker would end at the other class's next due run.
+                        let woken = std::mem::take(&mut woken_in_flight[class(sent.fast)]);
+                        if class_found == 0 && failures == 0 && !woken {
+                            let wait = next_due.map_or(opts.poll_interval, |d| d.min(opts.poll_interval));
+                            class_held[class(sent.fast)] =
+                                Some(tokio::time::Instant::now() + wait.max(Duration::from_millis(5)));
                         }
-                        found = 0;
+                    } else {
+                        found += class_found;
+                        // Nothing due (flow control moved nothing either) in what
+                        // every claim since the last quiet moment found: wait for a
+                        // wake-up or the next due run, not for a slot.
+                        if claims.is_empty() {
+                            if found == 0 && failures == 0 {
+                                let wait = match store::next_due_in(&engine.pool, &functions).await {
+                                    Ok(Some(d)) => d.min(opts.poll_interval),
+                                    _ => opts.poll_interval,
+                                };
+                                // Due but claimed by someone else or not yet visible: do not spin.
+                                hold_until = Some(tokio::time::Instant::now() + wait.max(Duration::from_millis(5)));
+                            }
+                            found = 0;
+                        }
                     }
                 }
                 Some(h) = handed.recv() => {
@@ -583,12 +598,17 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     enqueue(&mut ready, r);
                 }
                 _ = wake.notify.notified(), if held_until.is_some() && failures == 0 => {
+                    // A worker with one class holds as a whole; one with both
+                    // holds each class on its own, and a wake-up ends the holds
+                    // of the classes it is for.
+                    hold_until = None;
                     let woken = wake.take();
-                    // A hold of the whole worker stays on for the classes not
-                    // woken: nothing was announced for their functions.
-                    let whole = hold_until.take();
-                    for (held, woken) in class_held.iter_mut().zip(woken) {
-                        *held = if woken { None } else { (*held).max(whole) };
+                    for fast in [true, false] {
+                        let c = class(fast);
+                        if woken[c] {
+                            class_held[c] = None;
+                            woken_in_flight[c] |= in_flight.values().any(|s| s.fast == fast);
+                        }
                     }
                 }
                 _ = slot_freed.notify.notified() => {}
