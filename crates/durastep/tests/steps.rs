@@ -368,7 +368,10 @@ async fn a_checkpoint_that_meets_a_stored_row_adopts_it(_p: PgPoolOptions, opts:
 /// probing the unique index. Counts the WAL records of this database's
 /// `step_results` and `step_journal` while a run stores 20 steps (other
 /// tests' databases write WAL meanwhile; their files are other relations).
-/// Fails with the `ON CONFLICT` flush (40 confirmations).
+/// Fails with the `ON CONFLICT` flush (40 confirmations). The window ends at
+/// the flushed WAL position: `pg_walinspect` refuses an end past it, and the
+/// insert position can be ahead of it (claims commit asynchronously); the
+/// checkpoints commit synchronously, so their records are flushed.
 #[sqlx::test(migrations = false)]
 async fn checkpoints_are_plain_inserts(_p: PgPoolOptions, opts: PgConnectOptions) {
     common::init_logs();
@@ -393,7 +396,7 @@ async fn checkpoints_are_plain_inserts(_p: PgPoolOptions, opts: PgConnectOptions
                FROM unnest(ARRAY['durastep.step_results'::regclass, 'durastep.step_journal'::regclass]) c)
          SELECT count(*) FILTER (WHERE w.record_type LIKE 'INSERT%'),
                 count(*) FILTER (WHERE w.record_type = 'HEAP_CONFIRM')
-           FROM pg_get_wal_records_info($1::pg_lsn, pg_current_wal_lsn()) w
+           FROM pg_get_wal_records_info($1::pg_lsn, pg_current_wal_flush_lsn()) w
           WHERE w.resource_manager = 'Heap' AND EXISTS (SELECT 1 FROM rels WHERE strpos(w.block_ref, rels.tag) > 0)",
     )
     .bind(&start)
