@@ -368,24 +368,19 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         // (taken once none is).
         let mut answered: Vec<ClaimDone> = Vec::new();
         // Per class (index `class(fast)`): whether its last answer filled its
-        // batch, and until when it is not claimed (a worker with functions of
-        // both classes only: its last claim found nothing; until its next due
-        // run, a wake-up for it or the poll interval).
+        // batch, and until when it is not claimed (its last claims found
+        // nothing: until its next due run, a wake-up for it or the poll
+        // interval).
         let mut last_full = [false, false];
         let mut class_held: [Option<tokio::time::Instant>; 2] = [None, None];
-        let both_classes = !classes.fast.ids.is_empty() && !classes.full.ids.is_empty();
         // Per class: woken while a claim of it was in flight. That claim may
         // have gone out before the run the wake-up announces was visible, so
         // its answer, if empty, does not hold the class (the wake-up would be
         // lost until the poll interval).
         let mut woken_in_flight = [false, false];
-        // A worker with one class: runs claimed or moved by the answers
-        // taken since no claim was in flight.
-        let mut found = 0i64;
-        // No claim before this: a worker with one class had nothing due
-        // (until a wake-up, a slot frees or the timer), or a claim failed
-        // (backoff).
-        let mut hold_until: Option<tokio::time::Instant> = None;
+        // No claim of either class before this: a claim failed (backoff), or
+        // the worker has no function to claim for (the poll interval).
+        let mut backoff_until: Option<tokio::time::Instant> = None;
         let mut failures = 0u32;
         let (mut window_start, mut window_frees, mut recent_frees) = (Instant::now(), 0usize, 0usize);
         let mut executors = tokio::task::JoinSet::new();
@@ -427,7 +422,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             }
             let now = tokio::time::Instant::now();
             let [fast_held, full_held] = &mut class_held;
-            for h in [&mut hold_until, fast_held, full_held] {
+            for h in [&mut backoff_until, fast_held, full_held] {
                 if h.is_some_and(|t| t <= now) {
                     *h = None;
                 }
@@ -459,7 +454,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 let starved = idle > covered || (ahead > 0 && room >= ahead.div_ceil(2));
                 // No claim of a class is sent while its answers wait, nor while
                 // it waits for its next due run.
-                let may_claim = hold_until.is_none()
+                let may_claim = backoff_until.is_none()
                     && class_held[c].is_none()
                     && room > 0
                     && starved
@@ -487,20 +482,23 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             if sent {
                 continue;
             }
-            if hold_until.is_none() && classes.fast.ids.is_empty() && classes.full.ids.is_empty() {
+            if backoff_until.is_none() && classes.fast.ids.is_empty() && classes.full.ids.is_empty() {
                 // No function to claim for: only the timer or a wake-up ends the wait.
-                hold_until = Some(tokio::time::Instant::now() + opts.poll_interval);
+                backoff_until = Some(tokio::time::Instant::now() + opts.poll_interval);
             }
-            // Idle with nothing due: offer the free slots to the sends of this
-            // process (if it has functions whose runs may be handed on).
-            let quiet = hold_until.is_some() || (both_classes && class_held.iter().all(Option::is_some));
+            // Idle with nothing due (every class it has functions of is held):
+            // offer the free slots to the sends of this process (if it has
+            // functions whose runs may be handed on).
+            let quiet = [true, false]
+                .into_iter()
+                .all(|fast| classes.of_class(fast).ids.is_empty() || class_held[class(fast)].is_some());
             let idle_waiting = quiet
                 && failures == 0
                 && claims.is_empty()
                 && ready.is_empty()
                 && !classes.fast.ids.is_empty();
             handoff.open.store(if idle_waiting { slots.available_permits() } else { 0 }, Ordering::Release);
-            let held_until = [hold_until, class_held[0], class_held[1]].into_iter().flatten().min();
+            let held_until = [backoff_until, class_held[0], class_held[1]].into_iter().flatten().min();
             let sleep_until = held_until.unwrap_or_else(|| tokio::time::Instant::now() + opts.poll_interval);
             let give_back_at =
                 ready.iter().map(|r| r.received).min().map_or(sleep_until, |r| (r + AHEAD_WAIT_MAX).into());
@@ -555,41 +553,25 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                                 last_full = [false, false];
                                 let backoff = Duration::from_millis(50 * 2u64.pow(failures.min(7))).min(Duration::from_secs(1));
                                 tracing::warn!(error = %e, ?backoff, "claim failed; retrying");
-                                hold_until = Some(tokio::time::Instant::now() + backoff);
+                                backoff_until = Some(tokio::time::Instant::now() + backoff);
                             }
                         }
                     }
-                    if both_classes {
-                        // A worker with functions of both classes holds each on
-                        // its own: a class that had nothing due (its flow control
-                        // moved nothing either) is not claimed again before its
-                        // next due run (read by its claim's task), a wake-up for
-                        // it or the poll interval. Its statement, the full
-                        // claim's above all, would otherwise go with every claim
-                        // of the other class, for nothing; and a hold of the whole
-                        // worker would end at the other class's next due run.
-                        let woken = std::mem::take(&mut woken_in_flight[class(sent.fast)]);
-                        if class_found == 0 && failures == 0 && !woken {
-                            let wait = next_due.map_or(opts.poll_interval, |d| d.min(opts.poll_interval));
-                            class_held[class(sent.fast)] =
-                                Some(tokio::time::Instant::now() + wait.max(Duration::from_millis(5)));
-                        }
-                    } else {
-                        found += class_found;
-                        // Nothing due (flow control moved nothing either) in what
-                        // every claim since the last quiet moment found: wait for a
-                        // wake-up or the next due run, not for a slot.
-                        if claims.is_empty() {
-                            if found == 0 && failures == 0 {
-                                let wait = match store::next_due_in(&engine.pool, &functions).await {
-                                    Ok(Some(d)) => d.min(opts.poll_interval),
-                                    _ => opts.poll_interval,
-                                };
-                                // Due but claimed by someone else or not yet visible: do not spin.
-                                hold_until = Some(tokio::time::Instant::now() + wait.max(Duration::from_millis(5)));
-                            }
-                            found = 0;
-                        }
+                    // Each class is held on its own: a class that had nothing
+                    // due (its flow control moved nothing either) in what its
+                    // claims since the last quiet moment found is not claimed
+                    // again before its next due run (read by its claim's task),
+                    // a wake-up for it or the poll interval: not for a slot.
+                    // For a worker with both classes, its statement (the full
+                    // claim's above all) would otherwise go with every claim of
+                    // the other class, for nothing; and a hold of the whole
+                    // worker would end at the other class's next due run.
+                    let woken = std::mem::take(&mut woken_in_flight[class(sent.fast)]);
+                    if class_found == 0 && failures == 0 && !woken {
+                        let wait = next_due.map_or(opts.poll_interval, |d| d.min(opts.poll_interval));
+                        // Due but claimed by someone else or not yet visible: do not spin.
+                        class_held[class(sent.fast)] =
+                            Some(tokio::time::Instant::now() + wait.max(Duration::from_millis(5)));
                     }
                 }
                 Some(h) = handed.recv() => {
@@ -598,10 +580,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     enqueue(&mut ready, r);
                 }
                 _ = wake.notify.notified(), if held_until.is_some() && failures == 0 => {
-                    // A worker with one class holds as a whole; one with both
-                    // holds each class on its own, and a wake-up ends the holds
-                    // of the classes it is for.
-                    hold_until = None;
+                    // A wake-up ends the holds of the classes it is for.
                     let woken = wake.take();
                     for fast in [true, false] {
                         let c = class(fast);
@@ -741,9 +720,9 @@ impl ClaimClasses {
 /// flow rules (`fast`), the full claim for the others. Priority orders runs
 /// within each class; the claim loop claims each class on its own, so that
 /// neither starves the other and neither's answer waits for the other's
-/// statement. When the claim found nothing and the worker has functions of
-/// the other class too, also returns how long until this class's next due
-/// run (read here, so that the claim loop does not wait for it).
+/// statement. When the claim found nothing, also returns how long until this
+/// class's next due run (read here, so that the claim loop does not wait for
+/// it).
 async fn claim_class(
     engine: &Arc<EngineInner>,
     classes: &Arc<ClaimClasses>,
@@ -779,11 +758,8 @@ async fn claim_class(
         Err(e) => Err(e.to_string()),
     };
     let nothing = matches!(&result, Ok((runs, 0)) if runs.is_empty());
-    let next_due = if nothing && !classes.of_class(!fast).ids.is_empty() {
-        store::next_due_in(&engine.pool, classes.of_class(fast)).await.ok().flatten()
-    } else {
-        None
-    };
+    let next_due =
+        if nothing { store::next_due_in(&engine.pool, classes.of_class(fast)).await.ok().flatten() } else { None };
     (result, next_due)
 }
 

@@ -372,7 +372,9 @@ async fn a_backlog_of_one_class_does_not_send_the_other_class_claim_each_time(
 /// functions it does not run at all. The poll interval (60 s) is longer than
 /// the test: every claim after the first comes from a wake-up. The sends come
 /// from another engine, so that they reach the worker by NOTIFY (not by the
-/// in-process wake-up, which does not name functions).
+/// in-process wake-up, which does not name functions). Since migration 0028
+/// also: a send to a flow-limited function (the full fan-out, which until
+/// then notified with an empty payload) wakes only the full class.
 #[sqlx::test(migrations = false)]
 async fn a_wake_up_wakes_only_the_class_of_the_functions_it_names(_p: PgPoolOptions, opts: PgConnectOptions) {
     let recorder = TestRecorder::default();
@@ -385,19 +387,24 @@ async fn a_wake_up_wakes_only_the_class_of_the_functions_it_names(_p: PgPoolOpti
             .finish_timeout(Duration::from_secs(3600))
             .handler(|_ctx: Ctx, _: serde_json::Value| async move { Ok(()) })
     };
+    let limited = || {
+        Function::new("limited")
+            .on_event("limited")
+            .concurrency(durastep::Concurrency::new(4))
+            .handler(|_ctx: Ctx, _: serde_json::Value| async move { Ok(()) })
+    };
     let elsewhere =
         Function::new("elsewhere").on_event("far").handler(|_ctx: Ctx, _: serde_json::Value| async move { Ok(()) });
     let worker_options = WorkerOptions { poll_interval: Duration::from_secs(60), ..common::fast_options() };
-    let engine = common::engine_with(&opts, vec![plain(), timed()], worker_options).await;
-    let sender = common::engine(&opts, vec![plain(), timed(), elsewhere]).await;
+    let engine = common::engine_with(&opts, vec![plain(), timed(), limited()], worker_options).await;
+    let sender = common::engine(&opts, vec![plain(), timed(), limited(), elsewhere]).await;
     let worker = common::spawn_worker(&engine);
     let claims = |class: &str| recorder.samples(&format!("durastep_claim_batch_size{{claim={class}}}")).len();
 
-    // The first send of a name creates its topic row through the full
-    // fan-out, whose NOTIFY does not name functions (it wakes every class):
-    // one send of each name first.
+    // One send of each name first (the first send of a name takes the full
+    // fan-out, which creates its topic row).
     sender.send(Event::new("far", &0)).await.unwrap();
-    for name in ["timed", "go"] {
+    for name in ["timed", "go", "limited"] {
         let id = sender.send(Event::new(name, &())).await.unwrap().run_ids[0];
         assert_eq!(common::finished(&engine, id).await.state, durastep::RunState::Completed);
     }
@@ -419,6 +426,21 @@ async fn a_wake_up_wakes_only_the_class_of_the_functions_it_names(_p: PgPoolOpti
         full_after <= full_before + 2,
         "{} full claims for 10 wake-ups of the fast class",
         full_after - full_before
+    );
+
+    // Sends of the flow-limited function (always the full fan-out): the full
+    // class claims, the fast class does not.
+    let (fast_before, full_before) = (claims("fast"), claims("full"));
+    for i in 0..10 {
+        let id = sender.send(Event::new("limited", &i)).await.unwrap().run_ids[0];
+        assert_eq!(common::finished(&engine, id).await.state, durastep::RunState::Completed);
+    }
+    let (fast_after, full_after) = (claims("fast"), claims("full"));
+    assert!(full_after >= full_before + 10, "each run claimed: {full_before} -> {full_after} full claims");
+    assert!(
+        fast_after <= fast_before + 2,
+        "{} fast claims for 10 wake-ups of the full class",
+        fast_after - fast_before
     );
 
     // Sends of a function the worker does not run do not wake it.

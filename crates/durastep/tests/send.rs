@@ -375,6 +375,24 @@ async fn a_send_hands_its_run_to_an_idle_worker_of_its_process(_p: PgPoolOptions
     assert!(claims.iter().all(|&n| n == 1), "a run claimed more than once: {claims:?}");
 }
 
+/// Catches: a worker with functions of both claim classes (here one with a
+/// concurrency limit, claimed by the full claim) that never offers its slots
+/// to the sends of its process. It holds each class on its own and never as a
+/// whole; until 40d4017 only a hold of the whole worker counted as idle, so
+/// no run was ever handed to such a worker.
+#[sqlx::test(migrations = false)]
+async fn a_send_hands_its_run_to_an_idle_worker_with_both_claim_classes(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let echo = Function::new("echo").on_event("ping").handler(|_ctx: Ctx, v: Value| async move { Ok(v) });
+    let limited = Function::new("limited")
+        .on_event("limited")
+        .concurrency(durastep::Concurrency::new(1))
+        .handler(|_ctx: Ctx, v: Value| async move { Ok(v) });
+    let engine = common::engine(&opts, vec![echo, limited]).await;
+    let w = common::spawn_worker(&engine);
+    send_until_handed(&engine, "ping").await;
+    w.stop().await;
+}
+
 /// Catches: a send that hands its new run to a worker while another run is
 /// due (the new run would start before one that a claim takes first, G26).
 /// Here the due run belongs to a function no worker runs, so it stays due.
@@ -546,4 +564,127 @@ async fn runs_seq_scans(tx: &mut sqlx::PgConnection) -> i64 {
     .fetch_one(tx)
     .await
     .unwrap()
+}
+
+/// Every notification on `durastep_wakeup` that `listener` has received so far
+/// (waits `settle` for the last ones).
+async fn payloads(listener: &mut sqlx::postgres::PgListener, settle: Duration) -> Vec<String> {
+    let mut out = vec![];
+    while let Ok(n) = tokio::time::timeout(settle, listener.recv()).await {
+        out.push(n.expect("a notification").payload().to_owned());
+    }
+    out
+}
+
+/// Catches: a path that makes runs due and wakes every worker (an empty
+/// payload: every class of every worker claims) instead of naming the
+/// functions of those runs (migration 0028), and a payload that names a
+/// function none of whose runs it made due. Runs every such path but the
+/// admin actions and the test clock: the lean send, the full fan-out (a
+/// flow-limited function, a name with two functions), runs released by flow
+/// control, a failure handler's run, a child that makes its parent due, a
+/// child started by invoke, and a run given back at shutdown. Also: the payload's rule
+/// in `durastep.wake_workers` (sorted, each once, NULLs dropped, nothing sent
+/// for none, empty over 7,000 bytes).
+#[sqlx::test(migrations = false)]
+async fn every_wake_up_names_the_functions_of_the_runs_it_made_due(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let limited = Function::new("limited").on_event("limited").concurrency(durastep::Concurrency::new(1)).handler(
+        |ctx: Ctx, _: Value| async move {
+            ctx.step("a", || async { Ok(()) }).await?;
+            Ok(())
+        },
+    );
+    let pair = ["pair-a", "pair-b"]
+        .map(|id| Function::new(id).on_event("pair").handler(|_ctx: Ctx, _: Value| async move { Ok(()) }));
+    let failing = Function::new("failing")
+        .on_event("fail")
+        .on_failure(|_ctx: Ctx, _failed: durastep::FailedRun<Value>| async { Ok(()) })
+        .handler(|_ctx: Ctx, _: Value| async move { Err::<(), _>(durastep::HandlerError::permanent("no")) });
+    let parent = Function::new("parent").on_event("parent").handler(|ctx: Ctx, _: Value| async move {
+        let out: Result<u64, durastep::ChildError> = ctx
+            .invoke("child", durastep::Invoke::function("child").input(&1u64).timeout(Duration::from_secs(60)))
+            .await?;
+        Ok(out.is_ok())
+    });
+    let child = Function::new("child").handler(|_ctx: Ctx, n: u64| async move { Ok(n) });
+    let plain = Function::new("plain").on_event("plain").handler(|_ctx: Ctx, _: Value| async move { Ok(()) });
+    let stuck = Function::new("stuck").on_event("stuck").handler(|_ctx: Ctx, _: Value| async move {
+        std::future::pending::<()>().await;
+        Ok(())
+    });
+    let [a, b] = pair;
+    let functions = vec![limited, a, b, failing, parent, child, plain, stuck];
+    let worker = durastep::WorkerOptions { shutdown_grace: Duration::from_millis(200), ..common::fast_options() };
+    let engine = common::engine_with(&opts, functions, worker).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(engine.pool()).await.unwrap();
+    listener.listen("durastep_wakeup").await.unwrap();
+
+    // Sends with no worker: the full fan-out (flow keys; two functions of one
+    // name) and the lean send, each naming its functions.
+    engine.send(Event::new("limited", &1)).await.unwrap();
+    engine.send(Event::new("pair", &1)).await.unwrap();
+    engine.send(Event::new("plain", &1)).await.unwrap();
+    let sent = payloads(&mut listener, Duration::from_millis(300)).await;
+    assert_eq!(sent, ["limited", "pair-a pair-b", "plain"]);
+
+    // The rest through a worker: a second run of the limited function parks
+    // until the first ends (flow control makes it due again), a failure
+    // starts a handler, a parent invokes its child and is made due by it.
+    let ids = [
+        engine.send(Event::new("limited", &2)).await.unwrap().run_ids[0],
+        engine.send(Event::new("fail", &1)).await.unwrap().run_ids[0],
+        engine.send(Event::new("parent", &1)).await.unwrap().run_ids[0],
+    ];
+    let w = common::spawn_worker(&engine);
+    for id in ids {
+        common::finished(&engine, id).await;
+    }
+    common::wait_until("the failure handler ran", || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM durastep.runs WHERE function_id = 'failing/on-failure' AND state = 'completed')",
+        )
+        .fetch_one(engine.pool())
+        .await
+        .unwrap()
+    })
+    .await;
+    w.stop().await;
+    let seen = payloads(&mut listener, Duration::from_millis(300)).await;
+    let known = ["limited", "pair-a", "pair-b", "plain", "failing", "failing/on-failure", "parent", "child"];
+    for p in &seen {
+        assert!(!p.is_empty(), "a wake-up naming no function: {seen:?}");
+        assert!(
+            p.split(' ').all(|f| known.contains(&f)),
+            "a wake-up naming a function of no run it made due: {seen:?}"
+        );
+    }
+    // The sends (the worker's own process also notifies), then each trigger's and invoke's.
+    for f in ["limited", "failing", "parent", "failing/on-failure", "child"] {
+        assert!(seen.iter().any(|p| p.split(' ').any(|n| n == f)), "no wake-up named {f}: {seen:?}");
+    }
+
+    // A run given back (here at the end of a graceful shutdown's grace; also
+    // a run claimed ahead that found no slot) wakes the workers of its function.
+    let id = engine.send(Event::new("stuck", &1)).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    common::wait_for_run_where(&engine, id, "running", |r| r.state == RunState::Running).await;
+    assert_eq!(payloads(&mut listener, Duration::from_millis(200)).await, ["stuck"]);
+    w.stop().await;
+    assert_eq!(engine.run(id).await.unwrap().state, RunState::Queued);
+
+    // The payload's rule.
+    let long = |i: usize| format!("{i:0>100}");
+    for names in [
+        vec![Some("b".to_owned()), None, Some("a".to_owned()), Some("b".to_owned())],
+        vec![],
+        vec![None],
+        (0..70).map(|i| Some(long(i))).collect(),
+        (0..69).map(|i| Some(long(i))).collect(),
+    ] {
+        sqlx::query("SELECT durastep.wake_workers($1)").bind(names).execute(engine.pool()).await.unwrap();
+    }
+    let rule = payloads(&mut listener, Duration::from_millis(300)).await;
+    let sixty_nine = (0..69).map(long).collect::<Vec<_>>().join(" ");
+    assert_eq!(sixty_nine.len(), 6968);
+    assert_eq!(rule, ["stuck".to_owned(), "a b".to_owned(), String::new(), sixty_nine]);
 }

@@ -472,8 +472,9 @@ pub(crate) async fn suspend_until(
 /// claimed ahead that found no slot). It keeps its place in the due queue:
 /// its due time stays (it was due when claimed), so it is claimed again
 /// before runs that became due after it (until 2026-12-03 it was made due
-/// "now", behind them). The workers are notified: another one may take it
-/// at once (also in another process), instead of at its next poll.
+/// "now", behind them). The workers of its function are notified: another
+/// one may take it at once (also in another process), instead of at its next
+/// poll.
 pub(crate) async fn release_run(pool: &PgPool, fence: Fence) -> Result<bool, sqlx::Error> {
     let (run_id, epoch) = (fence.run_id(), fence.epoch());
     let (released, _): (i64, bool) = sqlx::query_as(
@@ -481,9 +482,8 @@ pub(crate) async fn release_run(pool: &PgPool, fence: Fence) -> Result<bool, sql
              UPDATE durastep.runs SET state = 'queued', run_at = least(run_at, durastep.now()),
                     lease_expires_at = NULL, worker_id = NULL
               WHERE id = $1 AND lease_epoch = $2 AND state = 'running'
-             RETURNING id)
-         SELECT (SELECT count(*) FROM u),
-                (SELECT pg_notify('durastep_wakeup', '') WHERE EXISTS (SELECT 1 FROM u)) IS NULL",
+             RETURNING id, function_id)
+         SELECT (SELECT count(*) FROM u), durastep.wake_workers(ARRAY(SELECT function_id FROM u)) IS NULL",
     )
     .bind(run_id)
     .bind(epoch)

@@ -290,8 +290,8 @@ pub(crate) async fn invoke(
     .bind(deadline)
     .execute(&mut *tx)
     .await?;
-    // The child may be new and due now.
-    sqlx::query("SELECT pg_notify('durastep_wakeup', '')").execute(&mut *tx).await?;
+    // The child may be new and due now: wake the workers of its function.
+    sqlx::query("SELECT durastep.wake_workers(ARRAY[$1::text])").bind(function_id).execute(&mut *tx).await?;
     tx.commit().await?;
     Ok(InvokeOutcome::Suspended)
 }
