@@ -414,34 +414,22 @@ async fn a_wake_up_wakes_only_the_class_of_the_functions_it_names(_p: PgPoolOpti
     let run = common::finished(&engine, id).await;
     assert_eq!(run.state, durastep::RunState::Completed, "{run:?}");
 
-    // Sends of the plain function: the fast class claims, the full class does not.
-    let (fast_before, full_before) = (claims("fast"), claims("full"));
-    for i in 0..10 {
-        let id = sender.send(Event::new("go", &i)).await.unwrap().run_ids[0];
-        assert_eq!(common::finished(&engine, id).await.state, durastep::RunState::Completed);
-    }
-    let (fast_after, full_after) = (claims("fast"), claims("full"));
-    assert!(fast_after >= fast_before + 10, "each run claimed: {fast_before} -> {fast_after} fast claims");
-    assert!(
-        full_after <= full_before + 2,
-        "{} full claims for 10 wake-ups of the fast class",
-        full_after - full_before
-    );
-
-    // Sends of the flow-limited function (always the full fan-out): the full
-    // class claims, the fast class does not.
-    let (fast_before, full_before) = (claims("fast"), claims("full"));
-    for i in 0..10 {
-        let id = sender.send(Event::new("limited", &i)).await.unwrap().run_ids[0];
-        assert_eq!(common::finished(&engine, id).await.state, durastep::RunState::Completed);
-    }
-    let (fast_after, full_after) = (claims("fast"), claims("full"));
-    assert!(full_after >= full_before + 10, "each run claimed: {full_before} -> {full_after} full claims");
-    assert!(
-        fast_after <= fast_before + 2,
-        "{} fast claims for 10 wake-ups of the full class",
-        fast_after - fast_before
-    );
+    // Ten sends of `name`, each run awaited: each is claimed by the claim of
+    // its function's class, and the other class claims (almost) never.
+    let ten_sends = async |name: &str, class: &str, other: &str| {
+        let (mine, others) = (claims(class), claims(other));
+        for i in 0..10 {
+            let id = sender.send(Event::new(name, &i)).await.unwrap().run_ids[0];
+            assert_eq!(common::finished(&engine, id).await.state, durastep::RunState::Completed);
+        }
+        assert!(claims(class) >= mine + 10, "each run claimed: {mine} -> {} {class} claims", claims(class));
+        let extra = claims(other) - others;
+        assert!(extra <= 2, "{extra} {other} claims for 10 wake-ups of the {class} class");
+    };
+    // The plain function (the lean send's wake-up).
+    ten_sends("go", "fast", "full").await;
+    // The flow-limited function (always the full fan-out's wake-up).
+    ten_sends("limited", "full", "fast").await;
 
     // Sends of a function the worker does not run do not wake it.
     let quiet = (claims("fast"), claims("full"));
