@@ -15,6 +15,7 @@
 //! |---|---|---|
 //! | `claim-before-commit` | claim loop, before the claim statement | the round fails (backoff, retry) |
 //! | `claim-after-commit` | after a claim that got runs | the claimed runs are dropped, as if the answer were lost: their leases expire |
+//! | `claim-answered` | after every claim (and, when it found nothing, its read of its class's next due run), before the claim loop takes the answer | the round fails (backoff, retry); runs it claimed are dropped, as if the answer were lost: their leases expire |
 //! | `hand-over` | `Engine::send`, after the send claimed a new run for an idle worker of its process, before the worker takes it | refused, as by a worker that stopped meanwhile: the run is released at once (it keeps its place) and the workers are notified |
 //! | `step-before-body` | `Ctx::step`, before the body | the step, so the attempt, fails |
 //! | `step-after-body` | after the body, before its checkpoint is queued (also a sleep's wake-time checkpoint) | the attempt fails; the body runs again |

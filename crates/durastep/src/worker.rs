@@ -760,6 +760,9 @@ async fn claim_class(
     let nothing = matches!(&result, Ok((runs, 0)) if runs.is_empty());
     let next_due =
         if nothing { store::next_due_in(&engine.pool, classes.of_class(fast)).await.ok().flatten() } else { None };
+    // The answer is ready, not yet taken by the claim loop: a test holds it
+    // here to deliver a wake-up while the claim is in flight.
+    crate::failpoint!("claim-answered", (Err("failpoint claim-answered".to_owned()), None));
     (result, next_due)
 }
 
