@@ -688,3 +688,48 @@ async fn every_wake_up_names_the_functions_of_the_runs_it_made_due(_p: PgPoolOpt
     assert_eq!(sixty_nine.len(), 6968);
     assert_eq!(rule, ["stuck".to_owned(), "a b".to_owned(), String::new(), sixty_nine]);
 }
+
+/// Catches: a lean send (migration 0027, the common path, which writes its
+/// NOTIFY inline rather than through `durastep.wake_workers`) whose payload
+/// breaks Postgres's limit of 8,000 bytes (the send would fail) or is cut
+/// (a cut id names another function, or none). A list of up to 7,000 bytes
+/// goes whole and sorted; a longer one goes empty (every class wakes).
+#[sqlx::test(migrations = false)]
+async fn a_lean_send_names_its_functions_up_to_7000_bytes(_p: PgPoolOptions, opts: PgConnectOptions) {
+    // Ids of 100 bytes: 69 of them with their spaces are 6,968 bytes, 70 are 7,069.
+    let id = |name: &str, i: usize| format!("{name}-{i:0>95}");
+    let mut functions = vec![];
+    for (name, n) in [("wide", 70), ("near", 69)] {
+        for i in 0..n {
+            let f = Function::new(id(name, i)).on_event(name);
+            functions.push(f.handler(|_ctx: Ctx, _: Value| async move { Ok(()) }));
+        }
+    }
+    let engine = common::engine(&opts, functions).await;
+    // The first send of a name takes the full fan-out (it creates the topic row).
+    for name in ["wide", "near"] {
+        engine.send(Event::new(name, &0)).await.unwrap();
+    }
+    let mut listener = sqlx::postgres::PgListener::connect_with(engine.pool()).await.unwrap();
+    listener.listen("durastep_wakeup").await.unwrap();
+    // Both sends in one transaction that counts its function calls: neither
+    // calls the full fan-out. Their NOTIFYs arrive at the commit, in order.
+    let mut tx = engine.pool().begin().await.unwrap();
+    sqlx::query("SET LOCAL track_functions = 'pl'").execute(&mut *tx).await.unwrap();
+    for (name, n) in [("wide", 70), ("near", 69)] {
+        let runs: Vec<uuid::Uuid> = sqlx::query_scalar(
+            "SELECT run_ids FROM durastep.send_events(ARRAY[gen_random_uuid()], ARRAY[$1], ARRAY['1'],
+                                                       ARRAY[NULL]::text[], ARRAY[NULL]::timestamptz[], ARRAY[0])",
+        )
+        .bind(name)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        assert_eq!(runs.len(), n);
+    }
+    assert_eq!(full_sends(&mut tx).await, 0, "a send took the full fan-out, not the lean one");
+    tx.commit().await.unwrap();
+    let near = (0..69).map(|i| id("near", i)).collect::<Vec<_>>().join(" ");
+    assert_eq!(near.len(), 6_968);
+    assert_eq!(payloads(&mut listener, Duration::from_millis(300)).await, [String::new(), near]);
+}
