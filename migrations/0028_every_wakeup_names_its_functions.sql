@@ -24,7 +24,10 @@
 -- Each function below is its last migration's text with only the NOTIFY
 -- changed (and what that needs: `r`, `created` and `upd` return the run's
 -- function in the full fan-out; `release_flow` collects the functions of the
--- runs it makes due). `send_events_full` keeps its settings (jit, and 0022's
+-- runs it makes due). In a statement's output list the call is a sub-select
+-- of its own, as the NOTIFY was: an uncorrelated sub-select runs once per
+-- statement, a volatile call in the output list once per output row (one
+-- per event of a batch). `send_events_full` keeps its settings (jit, and 0022's
 -- kept plan, which a CREATE OR REPLACE would otherwise drop).
 
 -- Notifies `durastep_wakeup` naming `p_functions` (duplicates and NULLs
@@ -233,9 +236,9 @@ BEGIN
             ARRAY(SELECT c.id FROM created c WHERE c.event_id = i.id
                   UNION SELECT k.id FROM sk k WHERE k.event_id = i.id
                   UNION SELECT m.id FROM merged m WHERE m.event_id = i.id ORDER BY 1) AS run_ids,
-            durastep.wake_workers(ARRAY(
+            (SELECT durastep.wake_workers(ARRAY(
                 SELECT c.function_id FROM created c WHERE c.run_at <= durastep.now()
-                UNION SELECT upd.function_id FROM upd WHERE upd.state = 'queued')) IS NULL AS _n,
+                UNION SELECT upd.function_id FROM upd WHERE upd.state = 'queued'))) IS NULL AS _n,
             (SELECT count(*) FROM res) + (SELECT count(*) FROM del) AS _touched
        FROM input i LEFT JOIN ev ON ev.id = i.id
       ORDER BY i.ord;
@@ -325,7 +328,7 @@ BEGIN
         -- (a new run has no steps and no journal), one row with a null `id`
         -- when none was; `sent_n` is false when the workers were notified.
         SELECT p_id, EXISTS (SELECT 1 FROM ev), ARRAY(SELECT r.id FROM r ORDER BY 1),
-               durastep.wake_workers(ARRAY(SELECT r.function_id FROM r WHERE r.state = 'queued')) IS NULL,
+               (SELECT durastep.wake_workers(ARRAY(SELECT r.function_id FROM r WHERE r.state = 'queued'))) IS NULL,
                c.id, c.function_id, c.version, c.event_id, c.attempt, c.lease_epoch,
                p_payload::jsonb, NULL::uuid, NULL::text, (SELECT now FROM t), c.priority, c.run_at,
                '{}'::text[], '{}'::jsonb[], '{}'::int[], '{}'::text[], '{}'::text[], 0::bigint

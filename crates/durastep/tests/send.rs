@@ -626,6 +626,27 @@ async fn every_wake_up_names_the_functions_of_the_runs_it_made_due(_p: PgPoolOpt
     engine.send(Event::new("plain", &1)).await.unwrap();
     let sent = payloads(&mut listener, Duration::from_millis(300)).await;
     assert_eq!(sent, ["limited", "pair-a pair-b", "plain"]);
+    // A batch through the full fan-out wakes once per statement, not once
+    // per event (rolled back: nothing is sent).
+    let mut tx = engine.pool().begin().await.unwrap();
+    sqlx::query("SET LOCAL track_functions = 'pl'").execute(&mut *tx).await.unwrap();
+    sqlx::query(
+        "SELECT * FROM durastep.send_events(
+             ARRAY(SELECT gen_random_uuid() FROM generate_series(1, 5)), array_fill('limited'::text, ARRAY[5]),
+             array_fill('1'::text, ARRAY[5]), array_fill(NULL::text, ARRAY[5]),
+             array_fill(NULL::timestamptz, ARRAY[5]), array_fill(0, ARRAY[5]))",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let calls: i64 = sqlx::query_scalar(
+        "SELECT calls FROM pg_stat_xact_user_functions WHERE schemaname = 'durastep' AND funcname = 'wake_workers'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(calls, 1, "durastep.wake_workers called per event of the batch");
+    tx.rollback().await.unwrap();
 
     // The rest through a worker: a second run of the limited function parks
     // until the first ends (flow control makes it due again), a failure
