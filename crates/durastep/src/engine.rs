@@ -30,6 +30,8 @@ pub(crate) struct Versions {
     /// throttle, rate limit, back-pressure) and no start or finish timeout:
     /// its runs are taken by the fast claim.
     pub fast_claim: bool,
+    /// The event names the newest registration is triggered by.
+    pub triggers: Vec<String>,
 }
 
 impl Versions {
@@ -76,6 +78,15 @@ impl EngineInner {
     pub(crate) fn handler(&self, function_id: &str, version: i32) -> Option<&Registered> {
         let version = u32::try_from(version).ok()?;
         self.functions.get(function_id)?.by_version.get(&version)
+    }
+
+    /// The functions of this engine that an event named one of `names` triggers.
+    pub(crate) fn triggered_by(&self, names: &std::collections::BTreeSet<&str>) -> Vec<&str> {
+        self.functions
+            .iter()
+            .filter(|(_, v)| v.triggers.iter().any(|t| names.contains(t.as_str())))
+            .map(|(id, _)| id.as_str())
+            .collect()
     }
 
     /// Every (function, version) this engine has a handler for, as the claim takes them.
@@ -225,8 +236,11 @@ impl Engine {
         };
         if notified {
             // Committed: the workers of this process claim now, without
-            // waiting for the NOTIFY to come back through their listener.
-            self.inner.local_workers.wake();
+            // waiting for the NOTIFY to come back through their listener,
+            // for the classes of the functions the events trigger (as the
+            // NOTIFY names them; a wait the send resumed is left to the NOTIFY).
+            let names = prepared.iter().map(|e| e.name.as_str()).collect();
+            self.inner.local_workers.wake(&self.inner.triggered_by(&names));
         }
         Ok(receipts)
     }
@@ -678,7 +692,12 @@ fn prepare(mut defs: Vec<Function>, limits: &Limits) -> Result<Prepared, Error> 
                 };
                 functions
                     .entry(format!("{}/on-failure", f.id))
-                    .or_insert_with(|| Versions { newest: f.version, by_version: BTreeMap::new(), fast_claim: true })
+                    .or_insert_with(|| Versions {
+                        newest: f.version,
+                        by_version: BTreeMap::new(),
+                        fast_claim: true,
+                        triggers: vec![],
+                    })
                     .by_version
                     .insert(f.version, handler);
             }
@@ -761,7 +780,12 @@ fn prepare(mut defs: Vec<Function>, limits: &Limits) -> Result<Prepared, Error> 
             };
             functions.insert(
                 id,
-                Versions { newest: f.version, by_version: BTreeMap::from([(f.version, handler)]), fast_claim: true },
+                Versions {
+                    newest: f.version,
+                    by_version: BTreeMap::from([(f.version, handler)]),
+                    fast_claim: true,
+                    triggers: vec![],
+                },
             );
         }
         let schedule = f.schedule.map(|s| (s, f.catch_up));
@@ -769,7 +793,12 @@ fn prepare(mut defs: Vec<Function>, limits: &Limits) -> Result<Prepared, Error> 
         let handler = Registered { handler: f.handler, backoff: f.backoff, backpressure, schedule, step_timeout };
         functions.insert(
             f.id,
-            Versions { newest: f.version, by_version: BTreeMap::from([(f.version, handler)]), fast_claim },
+            Versions {
+                newest: f.version,
+                by_version: BTreeMap::from([(f.version, handler)]),
+                fast_claim,
+                triggers: f.triggers,
+            },
         );
     }
     Ok(Prepared { functions, rows, flow, key_checks, schedules })

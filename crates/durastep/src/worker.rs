@@ -173,12 +173,13 @@ impl LocalWorkers {
         workers.push(Arc::downgrade(handoff));
     }
 
-    /// Wakes every worker of this process (a wake-up while a worker claims
-    /// is kept for its next wait, as a NOTIFY's is).
-    pub(crate) fn wake(&self) {
+    /// Wakes the workers of this process that run one of `functions`, for
+    /// the classes that run them (a wake-up while a worker claims is kept
+    /// for its next wait, as a NOTIFY's is).
+    pub(crate) fn wake(&self, functions: &[&str]) {
         let workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for worker in workers.iter().filter_map(std::sync::Weak::upgrade) {
-            worker.wake.classes([true, true]);
+            worker.wake.classes(worker.functions.woken_by_ids(functions.iter().copied()));
         }
     }
 
@@ -200,7 +201,8 @@ pub(crate) struct Handoff {
     wake: Arc<Wake>,
     worker_id: Uuid,
     lease: Duration,
-    /// Its functions without claim-time flow rules: only their runs are handed.
+    /// Its functions by claim class: a send of its process wakes the classes
+    /// of the functions it triggers, and hands on runs of the fast class only.
     functions: Arc<ClaimClasses>,
     /// Free slots it offers: set while it waits with nothing due and nothing
     /// claimed, 0 otherwise.
@@ -210,8 +212,9 @@ pub(crate) struct Handoff {
 
 /// A worker's wake-up: it ends the claim loop's wait, for the classes of
 /// functions (index `class(fast)`) it was given. A NOTIFY whose payload names
-/// functions wakes only the classes that run one of them (migration 0027);
-/// every other wake-up wakes both.
+/// functions (migrations 0027, 0028), and a send of its own process, wake only
+/// the classes that run one of them; an empty payload and a reconnect of the
+/// listener wake both. Every wake-up marks the classes it is for.
 #[derive(Default)]
 struct Wake {
     notify: Notify,
@@ -234,11 +237,11 @@ impl Wake {
         self.notify.notify_one();
     }
 
-    /// The classes woken since the last call (both, if none is marked: a
-    /// wake-up that does not say is for both).
+    /// The classes woken since the last call. None when the marks of this
+    /// notification were taken with an earlier one's (a wake-up marks its
+    /// classes before it notifies): it was served then.
     fn take(&self) -> [bool; 2] {
-        let taken = self.classes.each_ref().map(|woken| woken.swap(false, Ordering::AcqRel));
-        if taken == [false, false] { [true, true] } else { taken }
+        self.classes.each_ref().map(|woken| woken.swap(false, Ordering::AcqRel))
     }
 }
 
@@ -699,8 +702,13 @@ impl ClaimClasses {
         if payload.is_empty() {
             return [true, true];
         }
+        self.woken_by_ids(payload.split(' '))
+    }
+
+    /// The classes that run one of `ids`.
+    fn woken_by_ids<'a>(&self, ids: impl Iterator<Item = &'a str>) -> [bool; 2] {
         let mut woken = [false, false];
-        for id in payload.split(' ') {
+        for id in ids {
             for fast in [true, false] {
                 if self.of_class(fast).ids.binary_search_by(|f| f.as_str().cmp(id)).is_ok() {
                     woken[class(fast)] = true;
@@ -1623,7 +1631,7 @@ mod tests {
     fn wake_ups_add_up_until_taken() {
         let wake = Wake::default();
         wake.classes([false, false]);
-        assert_eq!(wake.take(), [true, true], "nothing marked reads as both");
+        assert_eq!(wake.take(), [false, false], "a wake-up for no class wakes none");
         wake.classes([false, true]);
         assert_eq!(wake.take(), [false, true]);
         wake.classes([true, false]);

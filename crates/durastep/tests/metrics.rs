@@ -372,9 +372,11 @@ async fn a_backlog_of_one_class_does_not_send_the_other_class_claim_each_time(
 /// functions it does not run at all. The poll interval (60 s) is longer than
 /// the test: every claim after the first comes from a wake-up. The sends come
 /// from another engine, so that they reach the worker by NOTIFY (not by the
-/// in-process wake-up, which does not name functions). Since migration 0028
-/// also: a send to a flow-limited function (the full fan-out, which until
-/// then notified with an empty payload) wakes only the full class.
+/// in-process wake-up), and then from the worker's own engine: its
+/// in-process wake-up wakes the classes of the functions the events trigger
+/// (until 2026-12-04 afternoon it woke both). Since migration 0028 also: a
+/// send to a flow-limited function (the full fan-out, which until then
+/// notified with an empty payload) wakes only the full class.
 #[sqlx::test(migrations = false)]
 async fn a_wake_up_wakes_only_the_class_of_the_functions_it_names(_p: PgPoolOptions, opts: PgConnectOptions) {
     let recorder = TestRecorder::default();
@@ -430,6 +432,19 @@ async fn a_wake_up_wakes_only_the_class_of_the_functions_it_names(_p: PgPoolOpti
     ten_sends("go", "fast", "full").await;
     // The flow-limited function (always the full fan-out's wake-up).
     ten_sends("limited", "full", "fast").await;
+
+    // Sends of the worker's own engine (batches of two, never handed on to
+    // the worker): its in-process wake-up too wakes only the fast class.
+    let full = claims("full");
+    for i in 0..10 {
+        let batch = vec![Event::new("go", &i), Event::new("go", &(i + 100))];
+        for receipt in engine.send_batch(batch).await.unwrap() {
+            let run = common::finished(&engine, receipt.run_ids[0]).await;
+            assert_eq!(run.state, durastep::RunState::Completed, "{run:?}");
+        }
+    }
+    let extra = claims("full") - full;
+    assert!(extra <= 2, "{extra} full claims for 10 in-process wake-ups of the fast class");
 
     // Sends of a function the worker does not run do not wake it.
     let quiet = (claims("fast"), claims("full"));
