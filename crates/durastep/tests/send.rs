@@ -566,11 +566,13 @@ async fn runs_seq_scans(tx: &mut sqlx::PgConnection) -> i64 {
     .unwrap()
 }
 
-/// Every notification on `durastep_wakeup` that `listener` has received so far
-/// (waits `settle` for the last ones).
-async fn payloads(listener: &mut sqlx::postgres::PgListener, settle: Duration) -> Vec<String> {
+/// Every notification on `durastep_wakeup` that `listener` has received so
+/// far: the callers' statements have committed, so each is on its way; a
+/// second without one more ends the list (generous, so that a busy machine
+/// does not cut it short).
+async fn payloads(listener: &mut sqlx::postgres::PgListener) -> Vec<String> {
     let mut out = vec![];
-    while let Ok(n) = tokio::time::timeout(settle, listener.recv()).await {
+    while let Ok(n) = tokio::time::timeout(Duration::from_secs(1), listener.recv()).await {
         out.push(n.expect("a notification").payload().to_owned());
     }
     out
@@ -624,7 +626,7 @@ async fn every_wake_up_names_the_functions_of_the_runs_it_made_due(_p: PgPoolOpt
     engine.send(Event::new("limited", &1)).await.unwrap();
     engine.send(Event::new("pair", &1)).await.unwrap();
     engine.send(Event::new("plain", &1)).await.unwrap();
-    let sent = payloads(&mut listener, Duration::from_millis(300)).await;
+    let sent = payloads(&mut listener).await;
     assert_eq!(sent, ["limited", "pair-a pair-b", "plain"]);
     // A batch through the full fan-out wakes once per statement, not once
     // per event (rolled back: nothing is sent).
@@ -670,7 +672,7 @@ async fn every_wake_up_names_the_functions_of_the_runs_it_made_due(_p: PgPoolOpt
     })
     .await;
     w.stop().await;
-    let seen = payloads(&mut listener, Duration::from_millis(300)).await;
+    let seen = payloads(&mut listener).await;
     let known = ["limited", "pair-a", "pair-b", "plain", "failing", "failing/on-failure", "parent", "child"];
     for p in &seen {
         assert!(!p.is_empty(), "a wake-up naming no function: {seen:?}");
@@ -689,7 +691,7 @@ async fn every_wake_up_names_the_functions_of_the_runs_it_made_due(_p: PgPoolOpt
     let id = engine.send(Event::new("stuck", &1)).await.unwrap().run_ids[0];
     let w = common::spawn_worker(&engine);
     common::wait_for_run_where(&engine, id, "running", |r| r.state == RunState::Running).await;
-    assert_eq!(payloads(&mut listener, Duration::from_millis(200)).await, ["stuck"]);
+    assert_eq!(payloads(&mut listener).await, ["stuck"]);
     w.stop().await;
     assert_eq!(engine.run(id).await.unwrap().state, RunState::Queued);
 
@@ -704,7 +706,7 @@ async fn every_wake_up_names_the_functions_of_the_runs_it_made_due(_p: PgPoolOpt
     ] {
         sqlx::query("SELECT durastep.wake_workers($1)").bind(names).execute(engine.pool()).await.unwrap();
     }
-    let rule = payloads(&mut listener, Duration::from_millis(300)).await;
+    let rule = payloads(&mut listener).await;
     let sixty_nine = (0..69).map(long).collect::<Vec<_>>().join(" ");
     assert_eq!(sixty_nine.len(), 6968);
     assert_eq!(rule, ["stuck".to_owned(), "a b".to_owned(), String::new(), sixty_nine]);
@@ -752,5 +754,5 @@ async fn a_lean_send_names_its_functions_up_to_7000_bytes(_p: PgPoolOptions, opt
     tx.commit().await.unwrap();
     let near = (0..69).map(|i| id("near", i)).collect::<Vec<_>>().join(" ");
     assert_eq!(near.len(), 6_968);
-    assert_eq!(payloads(&mut listener, Duration::from_millis(300)).await, [String::new(), near]);
+    assert_eq!(payloads(&mut listener).await, [String::new(), near]);
 }
