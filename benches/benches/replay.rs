@@ -90,61 +90,36 @@ async fn rounds(
     (resume, replay)
 }
 
-/// The claim's steps and journal expressions until 2026-12-03: the steps as one
-/// jsonb object, the journal as three arrays of one scan each.
-const JOURNAL_ARRAYS: &str = "SELECT (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
-                FROM durastep.step_results s WHERE s.run_id = $1) AS steps,
-        ARRAY(SELECT j.position FROM durastep.step_journal j WHERE j.run_id = $1 ORDER BY j.position) AS p,
-        ARRAY(SELECT j.kind FROM durastep.step_journal j WHERE j.run_id = $1 ORDER BY j.position) AS k,
-        ARRAY(SELECT j.step_key FROM durastep.step_journal j WHERE j.run_id = $1 ORDER BY j.position) AS s";
-/// The same with the journal as one jsonb array (until 2026-12-02).
-const JOURNAL_JSONB: &str = "SELECT (SELECT coalesce(jsonb_object_agg(s.step_key, s.output), '{}'::jsonb)
-                FROM durastep.step_results s WHERE s.run_id = $1) AS steps,
-        (SELECT jsonb_agg(jsonb_build_array(j.position, j.kind, j.step_key))
-           FROM durastep.step_journal j WHERE j.run_id = $1) AS journal";
-
-/// The claim's (since 2026-12-03): its own `run_records.sql` (steps as two
-/// arrays, the journal as three arrays of one scan) for the run `$1`.
+/// The claim's own `run_records.sql` for the run `$1`: the steps as four
+/// arrays (key, output, and the journal entry each carries since migration
+/// 0029), the rest of the journal as three arrays of one scan. (The encodings
+/// before it, steps as one jsonb object and the journal in its own scans or
+/// as one jsonb array, were timed here until 0029 moved the steps' entries:
+/// docs/performance.md "Replay's load in two arrays".)
 const ARRAYS_ONE_SCAN: &str = concat!(
-    "SELECT st.step_keys, st.step_outputs, jr.journal_positions, jr.journal_kinds, jr.journal_keys
+    "SELECT st.step_keys, st.step_outputs, st.step_positions, st.step_kinds, jr.journal_positions, jr.journal_kinds, jr.journal_keys
        FROM (SELECT $1::uuid AS id) c
 ",
     include_str!("../../crates/durastep/src/store/sql/run_records.sql")
 );
 
-/// Times `ROUNDS` loads of one run's steps and journal with `sql`, decoded into
-/// a map of steps and a map of journal entries.
-async fn load_encoded(pool: &PgPool, run: Uuid, sql: &'static str) -> Vec<Duration> {
+/// Times `ROUNDS` loads of one run's steps and journal with the claim's
+/// expression, decoded into a map of steps and a map of journal entries.
+async fn load_encoded(pool: &PgPool, run: Uuid) -> Vec<Duration> {
     let mut out = vec![];
     for _ in 0..ROUNDS {
         let t = Instant::now();
-        let row = sqlx::query(sql).bind(run).fetch_one(pool).await.expect("load");
-        let steps: HashMap<String, Value> = if sql == ARRAYS_ONE_SCAN {
-            let (k, o): (Vec<String>, Vec<Value>) = (row.get(0), row.get(1));
-            k.into_iter().zip(o).collect()
-        } else {
-            match row.get::<Value, _>(0) {
-                Value::Object(m) => m.into_iter().collect(),
-                _ => HashMap::new(),
+        let row = sqlx::query(ARRAYS_ONE_SCAN).bind(run).fetch_one(pool).await.expect("load");
+        let (keys, outputs): (Vec<String>, Vec<Value>) = (row.get(0), row.get(1));
+        let (step_positions, step_kinds): (Vec<Option<i32>>, Vec<Option<String>>) = (row.get(2), row.get(3));
+        let (p, k, s): (Vec<i32>, Vec<String>, Vec<String>) = (row.get(4), row.get(5), row.get(6));
+        let mut journal: BTreeMap<i32, (String, String)> = p.into_iter().zip(k.into_iter().zip(s)).collect();
+        for ((position, kind), key) in step_positions.into_iter().zip(step_kinds).zip(&keys) {
+            if let (Some(position), Some(kind)) = (position, kind) {
+                journal.insert(position, (kind, key.clone()));
             }
-        };
-        let journal: BTreeMap<i32, (String, String)> = if sql == ARRAYS_ONE_SCAN {
-            let (p, k, s): (Vec<i32>, Vec<String>, Vec<String>) = (row.get(2), row.get(3), row.get(4));
-            p.into_iter().zip(k.into_iter().zip(s)).collect()
-        } else if sql == JOURNAL_ARRAYS {
-            let (p, k, s): (Vec<i32>, Vec<String>, Vec<String>) = (row.get(1), row.get(2), row.get(3));
-            p.into_iter().zip(k.into_iter().zip(s)).collect()
-        } else {
-            let v: Value = row.get(1);
-            v.as_array()
-                .into_iter()
-                .flatten()
-                .map(|e| {
-                    let s = |i: usize| e[i].as_str().unwrap_or_default().to_owned();
-                    (e[0].as_i64().unwrap_or_default() as i32, (s(1), s(2)))
-                })
-                .collect()
-        };
+        }
+        let steps: HashMap<String, Value> = keys.into_iter().zip(outputs).collect();
         assert_eq!((steps.len(), journal.len()), (STEPS + 1, STEPS + 1));
         out.push(t.elapsed());
     }
@@ -197,29 +172,16 @@ async fn main() {
         load.push(t.elapsed());
     }
 
-    // How the claim encodes a run's steps and journal, alone: today's against
-    // the two encodings before it.
-    let arrays = load_encoded(&pool, big, JOURNAL_ARRAYS).await;
-    let jsonb = load_encoded(&pool, big, JOURNAL_JSONB).await;
-    let one_scan = load_encoded(&pool, big, ARRAYS_ONE_SCAN).await;
+    // The claim's load expression alone.
+    let one_scan = load_encoded(&pool, big).await;
 
     shutdown.cancel();
     worker.await.expect("worker task").expect("worker");
 
     let med = |xs: &[Duration]| percentile(xs, 50.0);
-    let mut enc = Table::new("The claim's load expressions alone, with decode", &["encoding", "median", "p99"]);
+    let mut enc = Table::new("The claim's load expression alone, with decode", &["encoding", "median", "p99"]);
     enc.row(vec![
-        "steps as a jsonb object, the journal as three arrays of one scan each".into(),
-        ms(med(&arrays)),
-        ms(percentile(&arrays, 99.0)),
-    ]);
-    enc.row(vec![
-        "steps as a jsonb object, the journal as one jsonb array".into(),
-        ms(med(&jsonb)),
-        ms(percentile(&jsonb, 99.0)),
-    ]);
-    enc.row(vec![
-        "steps as two arrays, the journal as three arrays of one scan: the claim's".into(),
+        "steps as four arrays (with their journal entries), the rest of the journal as three: the claim's".into(),
         ms(med(&one_scan)),
         ms(percentile(&one_scan, 99.0)),
     ]);

@@ -94,16 +94,14 @@ WITH cp AS (
       WHERE r.id = ANY ($1::uuid[] || $5::uuid[]) AND r.state = 'running'
       ORDER BY r.id FOR NO KEY UPDATE),
  ins AS (
-     INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt)
-     SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt
+     -- The journal entry on the step row (migration 0029).
+     INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt,
+                                        position, kind)
+     SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt,
+            cp.position, cp.kind
        FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
      ON CONFLICT (run_id, step_key) DO NOTHING
      RETURNING run_id, step_key),
- jr AS (
-     INSERT INTO durastep.step_journal (run_id, position, kind, step_key)
-     SELECT cp.run_id, cp.position, cp.kind, cp.step_key
-       FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch
-     ON CONFLICT DO NOTHING),
  fin AS (
      UPDATE durastep.runs r
         SET state = 'completed', output = dn.output::jsonb, finished_at = durastep.now(),

@@ -352,6 +352,78 @@ async fn diverged_runs_resume_or_discard(_p: PgPoolOptions, opts: PgConnectOptio
     assert!(matches!(fixed.resume_diverged(Uuid::nil()).await, Err(durastep::Error::UnknownRun(_))));
 }
 
+/// Moves every entry stored on a step row to `step_journal`, as an engine
+/// before migration 0029 stored them (the step rows keep no position).
+async fn store_entries_as_before_0029(engine: &Engine) -> u64 {
+    let mut tx = engine.pool().begin().await.unwrap();
+    let moved = sqlx::query(
+        "INSERT INTO durastep.step_journal (run_id, position, kind, step_key)
+         SELECT run_id, position, kind, step_key FROM durastep.step_results WHERE position IS NOT NULL",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap()
+    .rows_affected();
+    sqlx::query("UPDATE durastep.step_results SET position = NULL, kind = NULL WHERE position IS NOT NULL")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    moved
+}
+
+/// A checkpoint's journal entry is its step row's `position` and `kind`
+/// (migration 0029): the v1 runs left asleep wrote no `step_journal` row for
+/// their steps and sleeps. Runs whose entries were stored before 0029 (in
+/// `step_journal`, step rows without a position) replay and diverge as
+/// before: the check and the replay find the renamed step at position 2, the
+/// early run replays `a` and `nap1` from the old entries and completes v2's
+/// path, and discarding the late run from position 2 deletes its old-format
+/// entries and their step rows (`b`, `nap2`), so it runs `b2, nap2, c`.
+/// Catches: a claim that reads the journal from one of the two places only
+/// (the old runs would replay as new ground and run `a` again, or the new
+/// ones diverge at every position), and a discard that leaves one of them.
+#[sqlx::test(migrations = false)]
+async fn entries_stored_before_0029_replay_and_diverge(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let (early, late) = leave_runs_asleep(&opts).await;
+    let bodies = Arc::new(AtomicU32::new(0));
+    let v1 = engine(&opts, Variant::V1, &bodies).await;
+    assert_eq!(common::count(&v1, "durastep.step_journal").await, 0, "steps and sleeps are on their step rows");
+    // early: a, nap1; late: a, nap1, b, nap2.
+    assert_eq!(common::count(&v1, "durastep.run_journal").await, 6);
+    assert_eq!(store_entries_as_before_0029(&v1).await, 6);
+    let expected = [(2, entry(EntryKind::Step, "b"), entry(EntryKind::Step, "b2"), 1)];
+    let (v2, bodies) = switch_and_check(&opts, Variant::Rename, &expected).await;
+    let _w = common::spawn_worker(&v2);
+    wake_all(&v2).await;
+    parked(&v2, late, 2, entry(EntryKind::Step, "b"), entry(EntryKind::Step, "b2")).await;
+    assert_eq!(driven(&v2, early).await.output, Some(json!("a,b2,c")));
+    assert_eq!(bodies.load(Ordering::SeqCst), 2, "only b2 and c ran; a was replayed");
+    let early_entries: Vec<(i32, String, String)> =
+        sqlx::query_as("SELECT position, kind, step_key FROM durastep.run_journal WHERE run_id = $1 ORDER BY position")
+            .bind(early)
+            .fetch_all(v2.pool())
+            .await
+            .unwrap();
+    let expect = |p: i32, k: &str, s: &str| (p, k.to_owned(), s.to_owned());
+    assert_eq!(
+        early_entries,
+        [
+            expect(0, "step", "a"),
+            expect(1, "sleep", "nap1"),
+            expect(2, "step", "b2"),
+            expect(3, "sleep", "nap2"),
+            expect(4, "step", "c")
+        ]
+    );
+    v2.discard_from(late, 2).await.unwrap();
+    common::wait_until("late to sleep at nap2 again", || async { common::step_row(&v2, late, "b2").await.is_some() })
+        .await;
+    assert!(common::step_row(&v2, late, "b").await.is_none(), "the discarded step row is gone");
+    assert_eq!(driven(&v2, late).await.output, Some(json!("a,b2,c")));
+}
+
 /// Two joined `wait_for_event`s each record their journal entry (positions 0
 /// and 1, kind `wait`), even when one of them suspends the run before the
 /// other is registered; the run completes with both events and never parks

@@ -391,7 +391,7 @@ async fn prune_deletes_old_finished_runs_with_everything_they_own(_p: PgPoolOpti
         0
     );
     assert!(common::count(&engine, "durastep.run_history").await > 0);
-    assert!(common::count(&engine, "durastep.step_journal").await > 0);
+    assert!(common::count(&engine, "durastep.run_journal").await > 0);
     assert_eq!(engine.run(napping).await.unwrap().state, RunState::Sleeping);
     assert_eq!(engine.inspect().run(fresh).await.unwrap().steps.len(), 1);
     assert_eq!(engine.prune(Duration::from_secs(86_400)).await.unwrap().runs, 0);
@@ -701,9 +701,12 @@ async fn counts_are_estimated_from_statistics_on_large_tables(_p: PgPoolOptions,
 /// Catches: a statement on runs that would leave orphaned step rows behind.
 #[sqlx::test(migrations = false)]
 async fn deleting_or_truncating_runs_takes_their_steps_along(_p: PgPoolOptions, opts: PgConnectOptions) {
+    // Two steps (their journal entries on their step rows) and a `changed`
+    // marker (its entry in `step_journal`).
     let f = Function::new("two").on_event("two/go").handler(|ctx: Ctx, _: Value| async move {
         ctx.step("a", || async { Ok(1) }).await?;
         ctx.step("b", || async { Ok(2) }).await?;
+        assert!(ctx.changed("two-steps").await?);
         Ok(())
     });
     let engine = common::engine(&opts, vec![f]).await;
@@ -720,10 +723,11 @@ async fn deleting_or_truncating_runs_takes_their_steps_along(_p: PgPoolOptions, 
     }
     w.stop().await;
     assert_eq!(common::count(&engine, "durastep.step_results").await, 8);
-    assert_eq!(common::count(&engine, "durastep.step_journal").await, 8);
+    assert_eq!(common::count(&engine, "durastep.step_journal").await, 4);
+    assert_eq!(common::count(&engine, "durastep.run_journal").await, 12);
     sqlx::query("DELETE FROM durastep.runs WHERE id = $1").bind(ids[0]).execute(engine.pool()).await.unwrap();
     assert_eq!(common::count(&engine, "durastep.step_results").await, 6);
-    assert_eq!(common::count(&engine, "durastep.step_journal").await, 6);
+    assert_eq!(common::count(&engine, "durastep.step_journal").await, 3);
     sqlx::query("TRUNCATE durastep.runs CASCADE").execute(engine.pool()).await.unwrap();
     assert_eq!(common::count(&engine, "durastep.step_results").await, 0);
     assert_eq!(common::count(&engine, "durastep.step_journal").await, 0);

@@ -365,13 +365,16 @@ async fn a_checkpoint_that_meets_a_stored_row_adopts_it(_p: PgPoolOptions, opts:
 
 /// Checkpoints are plain inserts, not `ON CONFLICT` ones: a speculative
 /// insertion writes one more WAL record per row (`HEAP_CONFIRM`) after
-/// probing the unique index. Counts the WAL records of this database's
+/// probing the unique index. And a checkpoint writes one row: its journal
+/// entry is its step row's `position` and `kind` (migration 0029), not a
+/// `step_journal` row. Counts the WAL records of this database's
 /// `step_results` and `step_journal` while a run stores 20 steps (other
 /// tests' databases write WAL meanwhile; their files are other relations).
-/// Fails with the `ON CONFLICT` flush (40 confirmations). The window ends at
-/// the flushed WAL position: `pg_walinspect` refuses an end past it, and the
-/// insert position can be ahead of it (claims commit asynchronously); the
-/// checkpoints commit synchronously, so their records are flushed.
+/// Fails with the `ON CONFLICT` flush (20 confirmations) and with the entries
+/// in `step_journal` (20 inserts there). The window ends at the flushed WAL
+/// position: `pg_walinspect` refuses an end past it, and the insert position
+/// can be ahead of it (claims commit asynchronously); the checkpoints commit
+/// synchronously, so their records are flushed.
 #[sqlx::test(migrations = false)]
 async fn checkpoints_are_plain_inserts(_p: PgPoolOptions, opts: PgConnectOptions) {
     common::init_logs();
@@ -389,20 +392,34 @@ async fn checkpoints_are_plain_inserts(_p: PgPoolOptions, opts: PgConnectOptions
     let id = engine.send(Event::new("twenty/go", &())).await.unwrap().run_ids[0];
     assert_eq!(common::finished(&engine, id).await.state, RunState::Completed);
     worker.stop().await;
-    let (inserts, confirms): (i64, i64) = sqlx::query_as(
+    let (inserts, journal_inserts, confirms): (i64, i64, i64) = sqlx::query_as(
         "WITH rels AS (
-             SELECT '/' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '/'
+             SELECT c, '/' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '/'
                     || pg_relation_filenode(c) || ' fork' AS tag
-               FROM unnest(ARRAY['durastep.step_results'::regclass, 'durastep.step_journal'::regclass]) c)
-         SELECT count(*) FILTER (WHERE w.record_type LIKE 'INSERT%'),
+               FROM unnest(ARRAY['durastep.step_results'::regclass, 'durastep.step_journal'::regclass]) c),
+         w AS (
+             SELECT w.record_type, r.c FROM pg_get_wal_records_info($1::pg_lsn, pg_current_wal_flush_lsn()) w
+               JOIN rels r ON strpos(w.block_ref, r.tag) > 0
+              WHERE w.resource_manager = 'Heap')
+         SELECT count(*) FILTER (WHERE w.record_type LIKE 'INSERT%' AND w.c = 'durastep.step_results'::regclass),
+                count(*) FILTER (WHERE w.record_type LIKE 'INSERT%' AND w.c = 'durastep.step_journal'::regclass),
                 count(*) FILTER (WHERE w.record_type = 'HEAP_CONFIRM')
-           FROM pg_get_wal_records_info($1::pg_lsn, pg_current_wal_flush_lsn()) w
-          WHERE w.resource_manager = 'Heap' AND EXISTS (SELECT 1 FROM rels WHERE strpos(w.block_ref, rels.tag) > 0)",
+           FROM w",
     )
     .bind(&start)
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert!(inserts >= 40, "the window holds the 20 steps' rows and journal entries: {inserts} inserts");
+    assert!(inserts >= 20, "the window holds the 20 steps' rows: {inserts} inserts");
+    assert_eq!(journal_inserts, 0, "a checkpoint's journal entry is on its step row");
     assert_eq!(confirms, 0, "no speculative insertion");
+    let entries: Vec<(String, Option<i32>, Option<String>)> = sqlx::query_as(
+        "SELECT step_key, position, kind FROM durastep.step_results WHERE run_id = $1 ORDER BY position",
+    )
+    .bind(id)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let expected: Vec<_> = (0..20).map(|i| (format!("s{i}"), Some(i), Some("step".to_owned()))).collect();
+    assert_eq!(entries, expected);
 }

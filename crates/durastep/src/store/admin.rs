@@ -75,7 +75,8 @@ pub(crate) async fn act_on_diverged(
         let position = i32::try_from(position).unwrap_or(i32::MAX);
         sqlx::query(
             "WITH gone AS (DELETE FROM durastep.step_journal WHERE run_id = $1 AND position >= $2 RETURNING step_key),
-             r AS (DELETE FROM durastep.step_results s USING gone WHERE s.run_id = $1 AND s.step_key = gone.step_key)
+             r AS (DELETE FROM durastep.step_results s
+                    WHERE s.run_id = $1 AND (s.position >= $2 OR s.step_key IN (SELECT step_key FROM gone)))
              DELETE FROM durastep.waits w USING gone WHERE w.run_id = $1 AND w.step_key = gone.step_key",
         )
         .bind(run_id)

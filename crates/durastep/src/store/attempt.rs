@@ -10,7 +10,7 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{Fence, insert_entry, load_step, secs};
+use super::{Fence, load_step, secs};
 use crate::RunState;
 use crate::journal::EntryKind;
 
@@ -54,8 +54,8 @@ pub(crate) enum WriteOutcome {
 /// The group-commit statement; `$lock` is how it locks the run rows, `$fin`
 /// the completions (the `fin` CTE: `fin_complete!`, or `fin_none!` for a batch
 /// of checkpoints only, which then updates no run row and so fires none of the
-/// statement triggers on `runs`), `$inserts` what its two inserts do with a
-/// step row or journal entry already stored ([`Conflicts`]: `plain_inserts!`
+/// statement triggers on `runs`), `$inserts` what its insert does with a step
+/// row already stored ([`Conflicts`]: `plain_inserts!`
 /// or `adopting_inserts!`).
 ///
 /// The parameters are read through the CTE `p`, never directly: a custom plan
@@ -98,18 +98,13 @@ macro_rules! flush_sql {
             $lock,
             "),
          ins AS (
-             INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt)
-             SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt
+             INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt,
+                                                position, kind)
+             SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt,
+                    cp.position, cp.kind
                FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
              ",
             $inserts!(results),
-            "),
-         jr AS (
-             INSERT INTO durastep.step_journal (run_id, position, kind, step_key)
-             SELECT cp.run_id, cp.position, cp.kind, cp.step_key
-               FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
-             ",
-            $inserts!(journal),
             "),
          fin AS (",
             $fin!(),
@@ -141,9 +136,6 @@ macro_rules! plain_inserts {
     (results) => {
         ""
     };
-    (journal) => {
-        ""
-    };
     (written) => {
         "(l.id IS NOT NULL)"
     };
@@ -157,9 +149,6 @@ macro_rules! plain_inserts {
 macro_rules! adopting_inserts {
     (results) => {
         "ON CONFLICT DO NOTHING RETURNING run_id, step_key"
-    };
-    (journal) => {
-        "ON CONFLICT DO NOTHING"
     };
     (written) => {
         "(ins.run_id IS NOT NULL)"
@@ -209,8 +198,9 @@ macro_rules! fin_none_history {
     };
 }
 
-/// What a flush's inserts do with a step row (or journal entry) already
-/// stored.
+/// What a flush's insert does with a step row already stored. A step row
+/// carries its journal entry (`position`, `kind`; migration 0029), so the
+/// flush writes one row per checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Conflicts {
     /// Plain inserts: one stored row fails the whole statement (a unique
@@ -247,11 +237,9 @@ fn flush_statement(locks: LockWait, completes: bool, conflicts: Conflicts) -> &'
     }
 }
 
-/// Whether `e` is a unique violation of a stored step row or journal entry.
+/// Whether `e` is a unique violation of a stored step row.
 fn is_stored_step(e: &sqlx::Error) -> bool {
-    e.as_database_error().is_some_and(|d| {
-        d.is_unique_violation() && matches!(d.constraint(), Some("step_results_pkey" | "step_journal_pkey"))
-    })
+    e.as_database_error().is_some_and(|d| d.is_unique_violation() && d.constraint() == Some("step_results_pkey"))
 }
 
 /// What a flush did to one pending write.
@@ -327,7 +315,7 @@ pub(crate) async fn flush_writes(
             .bind(&cp_kind)
             .fetch_all(pool)
     };
-    // Plain inserts first; a step row or journal entry already stored (a
+    // Plain inserts first; a step row already stored (a
     // flush repeated after an ambiguous commit) fails that statement whole,
     // and the same writes go again adopting what is stored.
     let rows = match flush(Conflicts::Fail).await {
@@ -535,8 +523,9 @@ pub(crate) async fn checkpoint_in_tx(
         return Ok(TxCheckpoint::Fenced);
     };
     let inserted = sqlx::query(
-        "INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt)
-         VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7) ON CONFLICT (run_id, step_key) DO NOTHING",
+        "INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt,
+                                            position, kind)
+         VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7, $8, $9) ON CONFLICT (run_id, step_key) DO NOTHING",
     )
     .bind(run_id)
     .bind(key)
@@ -545,11 +534,12 @@ pub(crate) async fn checkpoint_in_tx(
     .bind(timing.started_at)
     .bind(timing.finished_at)
     .bind(timing.attempt)
+    .bind(i32::try_from(entry.0).unwrap_or(i32::MAX))
+    .bind(entry.1.as_str())
     .execute(&mut *conn)
     .await?
     .rows_affected();
     if inserted == 1 {
-        insert_entry(&mut *conn, run_id, entry.0, entry.1, key).await?;
         return Ok(if cancelled_here { TxCheckpoint::StoredAndCancelled } else { TxCheckpoint::Stored });
     }
     Ok(match load_step(&mut *conn, run_id, key).await? {

@@ -9,7 +9,7 @@ use serde_json::Value;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
-use super::{journal_of, secs, steps_of};
+use super::{records_of, secs};
 use crate::journal::JournalEntry;
 
 /// The right to write on behalf of one attempt: a run id and the lease epoch
@@ -133,7 +133,7 @@ pub(crate) async fn claim_runnable(
         .bind(&functions.versions)
         .fetch_all(pool)
         .await?;
-    claimed_runs(rows)
+    claimed_runs(rows, Records::Stored)
 }
 
 /// The fast claim ([`claim_runnable`] without flow control), for functions
@@ -158,18 +158,51 @@ pub(crate) async fn claim_fast(
         .bind(&functions.versions)
         .fetch_all(pool)
         .await?;
-    claimed_runs(rows)
+    claimed_runs(rows, Records::Stored)
+}
+
+/// What the rows of a claim carry of their runs' steps and journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Records {
+    /// The arrays of `run_records.sql` (the claims).
+    Stored,
+    /// Runs the statement itself created (the send that hands its runs to a
+    /// worker: `durastep.send_event_handing`, whose result columns predate
+    /// migration 0029): nothing stored yet. The arrays it returns must be
+    /// empty; anything else is a decode error, never a partial journal.
+    New,
 }
 
 /// The rows of a claim statement as claimed runs, and its count of moved runs
 /// (a row with a null `id` carries only that count).
-pub(super) fn claimed_runs(rows: Vec<sqlx::postgres::PgRow>) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
+pub(super) fn claimed_runs(
+    rows: Vec<sqlx::postgres::PgRow>,
+    records: Records,
+) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
     let mut moved = 0;
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
         moved = row.try_get("moved")?;
         let Some(id) = row.try_get::<Option<Uuid>, _>("id")? else {
             continue;
+        };
+        let (steps, journal) = match records {
+            Records::Stored => records_of(&row)?,
+            Records::New => {
+                let keys: Vec<String> = row.try_get("step_keys")?;
+                let positions: Vec<i32> = row.try_get("journal_positions")?;
+                if !keys.is_empty() || !positions.is_empty() {
+                    return Err(sqlx::Error::Decode(
+                        format!(
+                            "the new run {id} came with {} steps and {} journal entries",
+                            keys.len(),
+                            positions.len()
+                        )
+                        .into(),
+                    ));
+                }
+                Default::default()
+            }
         };
         claimed.push(ClaimedRun {
             id,
@@ -179,8 +212,8 @@ pub(super) fn claimed_runs(rows: Vec<sqlx::postgres::PgRow>) -> Result<(Vec<Clai
             attempt: row.try_get("attempt")?,
             fence: Fence { run_id: id, epoch: row.try_get("lease_epoch")? },
             payload: row.try_get("payload")?,
-            steps: steps_of(&row)?,
-            journal: journal_of(&row)?,
+            steps,
+            journal,
             parent: row
                 .try_get::<Option<Uuid>, _>("parent_run_id")?
                 .zip(row.try_get::<Option<String>, _>("parent_step_key")?),

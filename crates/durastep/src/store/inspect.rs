@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use std::time::Duration;
 
-use super::{journal_of, secs, steps_of};
+use super::{records_of, secs};
 use crate::RunState;
 use crate::journal::JournalEntry;
 
@@ -433,7 +433,7 @@ pub(crate) async fn unfinished_runs(
 ) -> Result<Vec<ReplayRun>, sqlx::Error> {
     let rows = sqlx::query(concat!(
         "SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, e.payload,
-                    st.step_keys, st.step_outputs, jr.journal_positions, jr.journal_kinds, jr.journal_keys
+                    st.step_keys, st.step_outputs, st.step_positions, st.step_kinds, jr.journal_positions, jr.journal_kinds, jr.journal_keys
                FROM (
                    -- The page's ids first, one branch per partial index (a single
                    -- `state IN (...)` over all five is a seq scan of the table).
@@ -458,6 +458,7 @@ pub(crate) async fn unfinished_runs(
     .await?;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
+        let (steps, journal) = records_of(&row)?;
         out.push(ReplayRun {
             id: row.try_get("id")?,
             function_id: row.try_get("function_id")?,
@@ -465,8 +466,8 @@ pub(crate) async fn unfinished_runs(
             event_id: row.try_get("event_id")?,
             attempt: row.try_get("attempt")?,
             payload: row.try_get("payload")?,
-            steps: steps_of(&row)?,
-            journal: journal_of(&row)?,
+            steps,
+            journal,
         });
     }
     // Postgres orders uuids by their bytes, as `Uuid` does: the caller's next

@@ -110,30 +110,48 @@ pub(crate) async fn load_step(conn: &mut PgConnection, run_id: Uuid, key: &str) 
         .await
 }
 
-/// A run's stored steps (key -> output) from the arrays `step_keys` and
-/// `step_outputs` of a claim or replay row (key `i` holds output `i`).
-pub(crate) fn steps_of(row: &PgRow) -> Result<HashMap<String, Value>, sqlx::Error> {
+/// A run's stored steps (key -> output) and its journal (position -> entry)
+/// from the arrays of `run_records.sql` in a claim or replay row: the steps'
+/// `step_keys`, `step_outputs`, `step_positions` and `step_kinds` (element `i`
+/// of each is step row `i`; a row with no position has its entry in
+/// `step_journal`, migration 0029), and the rest of the journal's
+/// `journal_positions`, `journal_kinds` and `journal_keys`.
+pub(crate) fn records_of(row: &PgRow) -> Result<(HashMap<String, Value>, BTreeMap<u32, JournalEntry>), sqlx::Error> {
     let keys: Vec<String> = row.try_get("step_keys")?;
     let outputs: Vec<Value> = row.try_get("step_outputs")?;
-    if keys.len() != outputs.len() {
-        return Err(sqlx::Error::Decode(format!("{} step keys for {} outputs", keys.len(), outputs.len()).into()));
+    let step_positions: Vec<Option<i32>> = row.try_get("step_positions")?;
+    let step_kinds: Vec<Option<String>> = row.try_get("step_kinds")?;
+    if [outputs.len(), step_positions.len(), step_kinds.len()].iter().any(|&n| n != keys.len()) {
+        return Err(sqlx::Error::Decode(
+            format!(
+                "{} step keys for {} outputs, {} positions and {} kinds",
+                keys.len(),
+                outputs.len(),
+                step_positions.len(),
+                step_kinds.len()
+            )
+            .into(),
+        ));
     }
-    Ok(keys.into_iter().zip(outputs).collect())
-}
-
-/// A run's journal (position -> entry) from the arrays `journal_positions`,
-/// `journal_kinds` and `journal_keys` of a claim or replay row.
-pub(crate) fn journal_of(row: &PgRow) -> Result<BTreeMap<u32, JournalEntry>, sqlx::Error> {
     let positions: Vec<i32> = row.try_get("journal_positions")?;
     let kinds: Vec<String> = row.try_get("journal_kinds")?;
-    let keys: Vec<String> = row.try_get("journal_keys")?;
+    let journal_keys: Vec<String> = row.try_get("journal_keys")?;
     let mut journal = BTreeMap::new();
-    for ((position, kind), key) in positions.into_iter().zip(kinds).zip(keys) {
+    let mut entry = |position: i32, kind: &str, key: &str| -> Result<(), sqlx::Error> {
         let position = u32::try_from(position).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
         let kind = kind.parse::<EntryKind>().map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
         journal.insert(position, JournalEntry::new(kind, key));
+        Ok(())
+    };
+    for ((position, kind), key) in positions.into_iter().zip(&kinds).zip(&journal_keys) {
+        entry(position, kind, key)?;
     }
-    Ok(journal)
+    for ((position, kind), key) in step_positions.into_iter().zip(&step_kinds).zip(&keys) {
+        if let (Some(position), Some(kind)) = (position, kind) {
+            entry(position, kind, key)?;
+        }
+    }
+    Ok((keys.into_iter().zip(outputs).collect(), journal))
 }
 
 async fn insert_entry(

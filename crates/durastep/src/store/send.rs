@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
-use super::claim::claimed_runs;
+use super::claim::{Records, claimed_runs};
 use super::{ClaimedRun, Handled, secs};
 
 /// An event ready to insert: validated and serialized.
@@ -182,6 +182,6 @@ pub(crate) async fn insert_event_handing(
     if !inserted {
         report_duplicates(conn, std::slice::from_ref(event), &mut sent.events, &[0]).await?;
     }
-    let (handed, _) = claimed_runs(rows)?;
+    let (handed, _) = claimed_runs(rows, Records::New)?;
     Ok((sent, handed))
 }

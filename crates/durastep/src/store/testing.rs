@@ -98,7 +98,7 @@ pub(crate) async fn run_due_at(pool: &PgPool, run_id: Uuid) -> Result<Option<Dat
 pub(crate) async fn sent_events(pool: &PgPool, run_id: Uuid) -> Result<Vec<(String, String, Value)>, sqlx::Error> {
     sqlx::query_as(
         "SELECT j.step_key, e.name, e.payload
-           FROM durastep.step_journal j
+           FROM durastep.run_journal j
            JOIN durastep.step_results s ON s.run_id = j.run_id AND s.step_key = j.step_key
            JOIN durastep.events e ON e.id::text = s.output->>'event_id'
           WHERE j.run_id = $1 AND j.kind = 'send_event'

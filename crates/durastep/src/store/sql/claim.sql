@@ -192,7 +192,7 @@ woken AS (
 -- The claimed runs, and how many runs were moved; their steps and journal
 -- are joined by run_records.sql, which the code appends.
 SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, c.lease_epoch, c.payload, c.db_now,
-       st.step_keys, st.step_outputs, jr.journal_positions, jr.journal_kinds, jr.journal_keys,
+       st.step_keys, st.step_outputs, st.step_positions, st.step_kinds, jr.journal_positions, jr.journal_kinds, jr.journal_keys,
        c.parent_run_id, c.parent_step_key, c.priority, c.run_at,
        (SELECT count(*) FROM parked) + (SELECT count(*) FROM skipped) + (SELECT count(*) FROM woken)
          + (SELECT count(*) FROM expired) AS moved

@@ -65,6 +65,6 @@ h AS (
 SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, c.lease_epoch,
           (SELECT e.payload FROM durastep.events e WHERE e.id = c.event_id) AS payload,
           c.parent_run_id, c.parent_step_key, (SELECT now FROM t) AS db_now, c.priority, c.run_at,
-          st.step_keys, st.step_outputs, jr.journal_positions, jr.journal_kinds, jr.journal_keys,
+          st.step_keys, st.step_outputs, st.step_positions, st.step_kinds, jr.journal_positions, jr.journal_kinds, jr.journal_keys,
           0::bigint AS moved
   FROM claimed c
