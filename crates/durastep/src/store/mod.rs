@@ -110,13 +110,16 @@ pub(crate) async fn load_step(conn: &mut PgConnection, run_id: Uuid, key: &str) 
         .await
 }
 
+/// A run's stored steps (key -> output) and its journal (position -> entry).
+pub(crate) type RunRecords = (HashMap<String, Value>, BTreeMap<u32, JournalEntry>);
+
 /// A run's stored steps (key -> output) and its journal (position -> entry)
 /// from the arrays of `run_records.sql` in a claim or replay row: the steps'
 /// `step_keys`, `step_outputs`, `step_positions` and `step_kinds` (element `i`
 /// of each is step row `i`; a row with no position has its entry in
 /// `step_journal`, migration 0029), and the rest of the journal's
 /// `journal_positions`, `journal_kinds` and `journal_keys`.
-pub(crate) fn records_of(row: &PgRow) -> Result<(HashMap<String, Value>, BTreeMap<u32, JournalEntry>), sqlx::Error> {
+pub(crate) fn records_of(row: &PgRow) -> Result<RunRecords, sqlx::Error> {
     let keys: Vec<String> = row.try_get("step_keys")?;
     let outputs: Vec<Value> = row.try_get("step_outputs")?;
     let step_positions: Vec<Option<i32>> = row.try_get("step_positions")?;
