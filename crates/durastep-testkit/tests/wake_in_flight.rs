@@ -13,8 +13,8 @@
 //! wake-ups (`woken_in_flight`).
 //!
 //! The `claim-answered` failpoint (`block`) holds the full class's empty
-//! answer until the run is sent and its NOTIFY has had time to reach the
-//! worker. The sends come from a second engine without a worker, so that
+//! answer until the run is sent and its NOTIFY has reached the worker's
+//! claim loop (counted at the `wake-taken` failpoint). The sends come from a second engine without a worker, so that
 //! they reach the worker only by NOTIFY.
 
 use std::time::Duration;
@@ -25,6 +25,7 @@ use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const POINT: &str = "claim-answered";
+const TAKEN: &str = "wake-taken";
 const WAIT: Duration = Duration::from_secs(20);
 
 /// An engine with `plain` (on `go`) and `timed` (on `timed`, a finish
@@ -78,9 +79,17 @@ async fn a_wake_up_for_a_class_with_a_claim_in_flight_is_not_lost(_p: PgPoolOpti
     .unwrap();
     // The run it did not see, and its wake-up, which the worker takes (the
     // fast class is held, so the claim loop waits on wake-ups) while the
-    // claim is still in flight.
+    // claim is still in flight: counted at `wake-taken` before the claim's
+    // answer is let go, so the test cannot pass without the race (a machine
+    // too slow to deliver the NOTIFY meanwhile fails it by the deadline).
+    failpoints::set(TAKEN, "pause(0)");
     let id = sender.send(Event::new("timed", &())).await.unwrap().run_ids[0];
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_for("the worker to take the send's wake-up", WAIT, || async {
+        Ok((failpoints::hits(TAKEN) >= 1).then_some(()))
+    })
+    .await
+    .unwrap();
+    assert_eq!(failpoints::blocked(POINT), 1, "the claim was still in flight when the wake-up came");
     failpoints::release(POINT);
 
     let run = wait_for("the run to complete", WAIT, || async {

@@ -592,6 +592,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                             woken_in_flight[c] |= in_flight.values().any(|s| s.fast == fast);
                         }
                     }
+                    crate::failpoint!("wake-taken");
                 }
                 _ = slot_freed.notify.notified() => {}
                 _ = waiting_lost.notified() => {}
