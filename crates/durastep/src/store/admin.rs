@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{notify_workers, secs};
+use super::{secs, wake_workers};
 use crate::RunState;
 
 /// How [`cancel_run`] went.
@@ -84,12 +84,15 @@ pub(crate) async fn act_on_diverged(
         .execute(&mut *tx)
         .await?;
     }
-    sqlx::query("UPDATE durastep.runs SET state = 'queued', run_at = durastep.now(), divergence = NULL WHERE id = $1")
-        .bind(run_id)
-        .execute(&mut *tx)
-        .await?;
+    let function: String = sqlx::query_scalar(
+        "UPDATE durastep.runs SET state = 'queued', run_at = durastep.now(), divergence = NULL WHERE id = $1
+         RETURNING function_id",
+    )
+    .bind(run_id)
+    .fetch_one(&mut *tx)
+    .await?;
+    wake_workers(&mut *tx, &[function.as_str()]).await?;
     tx.commit().await?;
-    notify_workers(pool).await?;
     Ok(None)
 }
 
@@ -132,18 +135,19 @@ pub(crate) async fn replay(
     ids: &[Uuid],
     from_start: bool,
 ) -> Result<Vec<(Uuid, Option<ReplayOutcome>)>, sqlx::Error> {
-    let rows: Vec<(Uuid, Option<RunState>, bool)> =
+    let rows: Vec<(Uuid, Option<RunState>, Option<String>)> =
         sqlx::query_as(include_str!("sql/replay.sql")).bind(ids).bind(from_start).fetch_all(&mut *conn).await?;
-    if rows.iter().any(|r| r.2) {
-        notify_workers(&mut *conn).await?;
+    let functions: Vec<&str> = rows.iter().filter_map(|r| r.2.as_deref()).collect();
+    if !functions.is_empty() {
+        wake_workers(&mut *conn, &functions).await?;
     }
     Ok(rows
         .into_iter()
-        .map(|(id, state, replayed)| {
-            let outcome = match (state, replayed) {
+        .map(|(id, state, function)| {
+            let outcome = match (state, function) {
                 (None, _) => None,
-                (Some(_), true) => Some(ReplayOutcome::Replayed),
-                (Some(s), false) => Some(ReplayOutcome::NotReplayable(s)),
+                (Some(_), Some(_)) => Some(ReplayOutcome::Replayed),
+                (Some(s), None) => Some(ReplayOutcome::NotReplayable(s)),
             };
             (id, outcome)
         })

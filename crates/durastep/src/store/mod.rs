@@ -95,9 +95,19 @@ pub(crate) async fn db_now(pool: &PgPool) -> Result<DateTime<Utc>, sqlx::Error> 
     sqlx::query_scalar("SELECT durastep.now()").fetch_one(pool).await
 }
 
-/// Wakes listening workers (after the test clock moved, say).
+/// Wakes every class of every listening worker (after the test clock moved:
+/// runs of any function may be due).
+#[cfg(feature = "testing")]
 pub(crate) async fn notify_workers<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_notify('durastep_wakeup', '')").execute(db).await?;
+    Ok(())
+}
+
+/// Wakes the workers of these functions (`durastep.wake_workers`, migration
+/// 0028: the payload names them; a worker that runs none of them does not
+/// claim). In a transaction, the notification goes at its commit.
+pub(crate) async fn wake_workers<'e>(db: impl sqlx::PgExecutor<'e>, functions: &[&str]) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT durastep.wake_workers($1)").bind(functions).execute(db).await?;
     Ok(())
 }
 

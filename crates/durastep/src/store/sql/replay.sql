@@ -28,8 +28,9 @@ u AS (
            deadline_at = CASE WHEN ok.finish_timeout_secs IS NULL THEN NULL
                               ELSE durastep.now() + make_interval(secs => ok.finish_timeout_secs) END
       FROM ok WHERE r.id = ok.id
-    RETURNING r.id)
--- Per id asked: its state (none: no such run) and whether it was replayed.
-SELECT i.id, l.state, (u.id IS NOT NULL) AS replayed
+    RETURNING r.id, r.function_id)
+-- Per id asked: its state (none: no such run) and, when it was replayed, its
+-- function (for the wake-up).
+SELECT i.id, l.state, u.function_id
   FROM unnest($1::uuid[]) AS i(id)
   LEFT JOIN l ON l.id = i.id LEFT JOIN u ON u.id = i.id
