@@ -138,6 +138,61 @@ async fn replay_resumes_at_the_failed_step_or_from_the_start(_p: PgPoolOptions, 
     w.stop().await;
 }
 
+/// A replay from the start is new ground: it deletes the run's journal with
+/// its step results, so the run runs today's code from the beginning. v1
+/// invoked a child at position 0 (its entry in `step_journal`) and ran a
+/// step after it; v2 only runs the step. Replayed from the start under v2,
+/// the run completes on v2's path, and its journal is that path alone.
+/// Catches: a replay from the start that keeps the journal (the run parks
+/// `diverged` at position 0: recorded the invoke, asked step `a`), although
+/// no stored result is left that a changed path could be handed.
+#[sqlx::test(migrations = false)]
+async fn a_replay_from_the_start_forgets_the_journal(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let kid = || Function::new("kid").handler(|_ctx: Ctx, _: Value| async move { Ok(1) });
+    let v1 = Function::new("parent").on_event("parent/go").handler(|ctx: Ctx, _: Value| async move {
+        let invoke = durastep::Invoke::function("kid").input(&()).timeout(Duration::from_secs(60));
+        let _: Result<u32, durastep::ChildError> = ctx.invoke("k", invoke).await?;
+        ctx.step("a", || async { Ok(1) }).await
+    });
+    let engine = common::engine(&opts, vec![v1, kid()]).await;
+    let w = common::spawn_worker(&engine);
+    let id = engine.send(Event::new("parent/go", &json!({}))).await.unwrap().run_ids[0];
+    assert_eq!(common::finished(&engine, id).await.state, RunState::Completed);
+    w.stop().await;
+    let journal = |engine: Engine| async move {
+        sqlx::query_as::<_, (i32, String, String)>(
+            "SELECT position, kind, step_key FROM durastep.run_journal WHERE run_id = $1 ORDER BY position",
+        )
+        .bind(id)
+        .fetch_all(engine.pool())
+        .await
+        .unwrap()
+    };
+    assert_eq!(
+        journal(engine.clone()).await,
+        [(0, "invoke".to_owned(), "k".to_owned()), (1, "step".to_owned(), "a".to_owned())]
+    );
+    sqlx::query("UPDATE durastep.runs SET state = 'cancelled' WHERE id = $1")
+        .bind(id)
+        .execute(engine.pool())
+        .await
+        .unwrap();
+
+    let v2 = Function::new("parent")
+        .on_event("parent/go")
+        .handler(|ctx: Ctx, _: Value| async move { ctx.step("a", || async { Ok(2) }).await });
+    let engine = common::engine(&opts, vec![v2, kid()]).await;
+    engine.replay(id, ReplayFrom::Start).await.unwrap();
+    let w = common::spawn_worker(&engine);
+    let run = common::wait_for_run_where(&engine, id, "the replay to end", |r| {
+        r.state.is_finished() || r.state == RunState::Diverged
+    })
+    .await;
+    assert_eq!((run.state, run.output), (RunState::Completed, Some(json!(2))), "{:?}", run.last_error);
+    assert_eq!(journal(engine.clone()).await, [(0, "step".to_owned(), "a".to_owned())]);
+    w.stop().await;
+}
+
 /// Catches: `replay` returning the run as read after its commit, when a
 /// listening worker may already have claimed it (seen in CI: `Running` where
 /// the docs promise `Queued`). The run is read back in the replay's own

@@ -1,5 +1,5 @@
 -- Puts the failed or cancelled runs $1 back in the queue with a fresh set of
--- attempts; with $2, their step results are deleted first. Returns, per id,
+-- attempts; with $2, their step results and journal are deleted first. Returns, per id,
 -- its state before and whether it was replayed.
 --
 -- The runs, locked in id order, with their function's current settings.
@@ -10,8 +10,13 @@ WITH l AS (
      WHERE r.id = ANY ($1) ORDER BY r.id FOR NO KEY UPDATE OF r),
 -- Those that may be replayed.
 ok AS (SELECT * FROM l WHERE l.state IN ('failed', 'cancelled')),
--- With $2, their step results deleted.
+-- With $2, their step results deleted, and with them the journal: a replay
+-- from the start is new ground. Nothing stored is left that a changed path
+-- could be handed, so nothing is checked against the path the run took
+-- before (since migration 0029 the entries of steps are on their step rows
+-- and go with them; the rest are in `step_journal`).
 wiped AS (DELETE FROM durastep.step_results s USING ok WHERE $2 AND s.run_id = ok.id),
+unjournaled AS (DELETE FROM durastep.step_journal j USING ok WHERE $2 AND j.run_id = ok.id),
 -- Queued again.
 u AS (
     UPDATE durastep.runs r
