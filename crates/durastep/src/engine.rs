@@ -30,8 +30,6 @@ pub(crate) struct Versions {
     /// throttle, rate limit, back-pressure) and no start or finish timeout:
     /// its runs are taken by the fast claim.
     pub fast_claim: bool,
-    /// The event names the newest registration is triggered by.
-    pub triggers: Vec<String>,
 }
 
 impl Versions {
@@ -65,6 +63,9 @@ pub(crate) struct EngineInner {
     /// Per event name, the (function, key pointer) pairs its data must carry for
     /// the flow control of functions registered here: checked before any SQL.
     pub key_checks: HashMap<String, Vec<(String, String)>>,
+    /// Per event name, the functions registered here that it triggers (their
+    /// newest registrations): a send wakes the workers of its process for them.
+    pub triggered: HashMap<String, Vec<String>>,
     /// The workers running in this process (`run_worker`): a send through
     /// this engine wakes them itself, before its NOTIFY reaches them.
     pub local_workers: worker::LocalWorkers,
@@ -80,13 +81,10 @@ impl EngineInner {
         self.functions.get(function_id)?.by_version.get(&version)
     }
 
-    /// The functions of this engine that an event named one of `names` triggers.
-    pub(crate) fn triggered_by(&self, names: &std::collections::BTreeSet<&str>) -> Vec<&str> {
-        self.functions
-            .iter()
-            .filter(|(_, v)| v.triggers.iter().any(|t| names.contains(t.as_str())))
-            .map(|(id, _)| id.as_str())
-            .collect()
+    /// The functions of this engine that events named `names` trigger (a
+    /// function once per name that triggers it).
+    pub(crate) fn triggered_by<'a>(&self, names: impl Iterator<Item = &'a str>) -> Vec<&str> {
+        names.filter_map(|n| self.triggered.get(n)).flatten().map(String::as_str).collect()
     }
 
     /// Every (function, version) this engine has a handler for, as the claim takes them.
@@ -239,8 +237,8 @@ impl Engine {
             // waiting for the NOTIFY to come back through their listener,
             // for the classes of the functions the events trigger (as the
             // NOTIFY names them; a wait the send resumed is left to the NOTIFY).
-            let names = prepared.iter().map(|e| e.name.as_str()).collect();
-            self.inner.local_workers.wake(&self.inner.triggered_by(&names));
+            let names = prepared.iter().map(|e| e.name.as_str());
+            self.inner.local_workers.wake(&self.inner.triggered_by(names));
         }
         Ok(receipts)
     }
@@ -593,6 +591,7 @@ impl EngineBuilder {
             worker: self.worker.clamped(),
             keyring: self.keyring.map(Arc::new),
             key_checks: prepared.key_checks,
+            triggered: prepared.triggered,
             local_workers: worker::LocalWorkers::default(),
             #[cfg(feature = "testing")]
             probe: std::sync::OnceLock::new(),
@@ -639,6 +638,7 @@ struct Prepared {
     rows: Vec<store::FunctionRow>,
     flow: store::FlowRows,
     key_checks: HashMap<String, Vec<(String, String)>>,
+    triggered: HashMap<String, Vec<String>>,
     schedules: Vec<store::ScheduleRow>,
 }
 
@@ -652,6 +652,7 @@ fn prepare(mut defs: Vec<Function>, limits: &Limits) -> Result<Prepared, Error> 
     let mut rows = Vec::new();
     let mut flow = store::FlowRows { function_ids: Vec::new(), rules: Vec::new(), options: Vec::new() };
     let mut key_checks: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    let mut triggered: HashMap<String, Vec<String>> = HashMap::new();
     let mut shared: HashMap<String, crate::flow::StoredRule> = HashMap::new();
     let mut schedules = Vec::new();
     for f in defs {
@@ -692,12 +693,7 @@ fn prepare(mut defs: Vec<Function>, limits: &Limits) -> Result<Prepared, Error> 
                 };
                 functions
                     .entry(format!("{}/on-failure", f.id))
-                    .or_insert_with(|| Versions {
-                        newest: f.version,
-                        by_version: BTreeMap::new(),
-                        fast_claim: true,
-                        triggers: vec![],
-                    })
+                    .or_insert_with(|| Versions { newest: f.version, by_version: BTreeMap::new(), fast_claim: true })
                     .by_version
                     .insert(f.version, handler);
             }
@@ -726,6 +722,9 @@ fn prepare(mut defs: Vec<Function>, limits: &Limits) -> Result<Prepared, Error> 
             for t in &f.triggers {
                 key_checks.entry(t.clone()).or_default().push((f.id.clone(), key.clone()));
             }
+        }
+        for t in &f.triggers {
+            triggered.entry(t.clone()).or_default().push(f.id.clone());
         }
         flow.function_ids.push(f.id.clone());
         // Timeouts too: the full claim cancels a run past its deadline as it meets it.
@@ -780,12 +779,7 @@ fn prepare(mut defs: Vec<Function>, limits: &Limits) -> Result<Prepared, Error> 
             };
             functions.insert(
                 id,
-                Versions {
-                    newest: f.version,
-                    by_version: BTreeMap::from([(f.version, handler)]),
-                    fast_claim: true,
-                    triggers: vec![],
-                },
+                Versions { newest: f.version, by_version: BTreeMap::from([(f.version, handler)]), fast_claim: true },
             );
         }
         let schedule = f.schedule.map(|s| (s, f.catch_up));
@@ -793,15 +787,10 @@ fn prepare(mut defs: Vec<Function>, limits: &Limits) -> Result<Prepared, Error> 
         let handler = Registered { handler: f.handler, backoff: f.backoff, backpressure, schedule, step_timeout };
         functions.insert(
             f.id,
-            Versions {
-                newest: f.version,
-                by_version: BTreeMap::from([(f.version, handler)]),
-                fast_claim,
-                triggers: f.triggers,
-            },
+            Versions { newest: f.version, by_version: BTreeMap::from([(f.version, handler)]), fast_claim },
         );
     }
-    Ok(Prepared { functions, rows, flow, key_checks, schedules })
+    Ok(Prepared { functions, rows, flow, key_checks, triggered, schedules })
 }
 
 /// Whether the engine gets its own control pool (heartbeats, reaper, LISTEN)
