@@ -167,9 +167,9 @@ pub(super) enum Records {
     /// The arrays of `run_records.sql` (the claims).
     Stored,
     /// Runs the statement itself created (the send that hands its runs to a
-    /// worker: `durastep.send_event_handing`, whose result columns predate
-    /// migration 0029): nothing stored yet. The arrays it returns must be
-    /// empty; anything else is a decode error, never a partial journal.
+    /// worker, `durastep.send_event_handing`): nothing is stored for them
+    /// yet, and the function returns constant empty arrays in the columns
+    /// before migration 0029's, which are not read.
     New,
 }
 
@@ -188,21 +188,7 @@ pub(super) fn claimed_runs(
         };
         let (steps, journal) = match records {
             Records::Stored => records_of(&row)?,
-            Records::New => {
-                let keys: Vec<String> = row.try_get("step_keys")?;
-                let positions: Vec<i32> = row.try_get("journal_positions")?;
-                if !keys.is_empty() || !positions.is_empty() {
-                    return Err(sqlx::Error::Decode(
-                        format!(
-                            "the new run {id} came with {} steps and {} journal entries",
-                            keys.len(),
-                            positions.len()
-                        )
-                        .into(),
-                    ));
-                }
-                Default::default()
-            }
+            Records::New => Default::default(),
         };
         claimed.push(ClaimedRun {
             id,

@@ -6,7 +6,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{Fence, insert_entry, load_step};
+use super::{Fence, insert_entry, load_step, wake_workers};
 use crate::journal::EntryKind;
 
 /// What a wait for an event came to, when it was not left waiting.
@@ -291,7 +291,7 @@ pub(crate) async fn invoke(
     .execute(&mut *tx)
     .await?;
     // The child may be new and due now: wake the workers of its function.
-    sqlx::query("SELECT durastep.wake_workers(ARRAY[$1::text])").bind(function_id).execute(&mut *tx).await?;
+    wake_workers(&mut *tx, &[function_id]).await?;
     tx.commit().await?;
     Ok(InvokeOutcome::Suspended)
 }
