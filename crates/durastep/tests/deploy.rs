@@ -400,22 +400,9 @@ async fn entries_stored_before_0029_replay_and_diverge(_p: PgPoolOptions, opts: 
     parked(&v2, late, 2, entry(EntryKind::Step, "b"), entry(EntryKind::Step, "b2")).await;
     assert_eq!(driven(&v2, early).await.output, Some(json!("a,b2,c")));
     assert_eq!(bodies.load(Ordering::SeqCst), 2, "only b2 and c ran; a was replayed");
-    let early_entries: Vec<(i32, String, String)> =
-        sqlx::query_as("SELECT position, kind, step_key FROM durastep.run_journal WHERE run_id = $1 ORDER BY position")
-            .bind(early)
-            .fetch_all(v2.pool())
-            .await
-            .unwrap();
-    let expect = |p: i32, k: &str, s: &str| (p, k.to_owned(), s.to_owned());
     assert_eq!(
-        early_entries,
-        [
-            expect(0, "step", "a"),
-            expect(1, "sleep", "nap1"),
-            expect(2, "step", "b2"),
-            expect(3, "sleep", "nap2"),
-            expect(4, "step", "c")
-        ]
+        common::journal(&v2, early).await,
+        ["0 step a", "1 sleep nap1", "2 step b2", "3 sleep nap2", "4 step c"]
     );
     v2.discard_from(late, 2).await.unwrap();
     common::wait_until("late to sleep at nap2 again", || async { common::step_row(&v2, late, "b2").await.is_some() })

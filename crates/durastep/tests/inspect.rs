@@ -159,19 +159,7 @@ async fn a_replay_from_the_start_forgets_the_journal(_p: PgPoolOptions, opts: Pg
     let id = engine.send(Event::new("parent/go", &json!({}))).await.unwrap().run_ids[0];
     assert_eq!(common::finished(&engine, id).await.state, RunState::Completed);
     w.stop().await;
-    let journal = |engine: Engine| async move {
-        sqlx::query_as::<_, (i32, String, String)>(
-            "SELECT position, kind, step_key FROM durastep.run_journal WHERE run_id = $1 ORDER BY position",
-        )
-        .bind(id)
-        .fetch_all(engine.pool())
-        .await
-        .unwrap()
-    };
-    assert_eq!(
-        journal(engine.clone()).await,
-        [(0, "invoke".to_owned(), "k".to_owned()), (1, "step".to_owned(), "a".to_owned())]
-    );
+    assert_eq!(common::journal(&engine, id).await, ["0 invoke k", "1 step a"]);
     sqlx::query("UPDATE durastep.runs SET state = 'cancelled' WHERE id = $1")
         .bind(id)
         .execute(engine.pool())
@@ -189,7 +177,7 @@ async fn a_replay_from_the_start_forgets_the_journal(_p: PgPoolOptions, opts: Pg
     })
     .await;
     assert_eq!((run.state, run.output), (RunState::Completed, Some(json!(2))), "{:?}", run.last_error);
-    assert_eq!(journal(engine.clone()).await, [(0, "step".to_owned(), "a".to_owned())]);
+    assert_eq!(common::journal(&engine, id).await, ["0 step a"]);
     w.stop().await;
 }
 

@@ -307,6 +307,19 @@ pub async fn count(engine: &Engine, from: &str) -> i64 {
         .expect("count")
 }
 
+/// A run's journal, wherever its entries are stored (`durastep.run_journal`),
+/// in position order, each as "position kind key".
+pub async fn journal(engine: &Engine, run_id: Uuid) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT position || ' ' || kind || ' ' || step_key FROM durastep.run_journal
+          WHERE run_id = $1 ORDER BY position",
+    )
+    .bind(run_id)
+    .fetch_all(engine.pool())
+    .await
+    .expect("load the journal")
+}
+
 /// The ids of a function's runs, oldest first.
 pub async fn runs_of(engine: &Engine, function_id: &str) -> Vec<Uuid> {
     sqlx::query_scalar("SELECT id FROM durastep.runs WHERE function_id = $1 ORDER BY created_at, id")
