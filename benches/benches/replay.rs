@@ -115,8 +115,8 @@ async fn load_encoded(pool: &PgPool, run: Uuid) -> Vec<Duration> {
         let (p, k, s): (Vec<i32>, Vec<String>, Vec<String>) = (row.get(4), row.get(5), row.get(6));
         let mut journal: BTreeMap<i32, (String, String)> = p.into_iter().zip(k.into_iter().zip(s)).collect();
         for ((position, kind), key) in step_positions.into_iter().zip(step_kinds).zip(&keys) {
-            if let (Some(position), Some(kind)) = (position, kind) {
-                journal.insert(position, (kind, key.clone()));
+            if let Some(position) = position {
+                journal.insert(position, (kind.unwrap_or_else(|| "step".to_owned()), key.clone()));
             }
         }
         let steps: HashMap<String, Value> = keys.into_iter().zip(outputs).collect();

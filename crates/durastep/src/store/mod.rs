@@ -127,7 +127,7 @@ pub(crate) type RunRecords = (HashMap<String, Value>, BTreeMap<u32, JournalEntry
 /// from the arrays of `run_records.sql` in a claim or replay row: the steps'
 /// `step_keys`, `step_outputs`, `step_positions` and `step_kinds` (element `i`
 /// of each is step row `i`; a row with no position has its entry in
-/// `step_journal`, migration 0029), and the rest of the journal's
+/// `step_journal`, migration 0029; a kind is NULL for a plain step), and the rest of the journal's
 /// `journal_positions`, `journal_kinds` and `journal_keys`.
 pub(crate) fn records_of(row: &PgRow) -> Result<RunRecords, sqlx::Error> {
     let keys: Vec<String> = row.try_get("step_keys")?;
@@ -150,18 +150,18 @@ pub(crate) fn records_of(row: &PgRow) -> Result<RunRecords, sqlx::Error> {
     let kinds: Vec<String> = row.try_get("journal_kinds")?;
     let journal_keys: Vec<String> = row.try_get("journal_keys")?;
     let mut journal = BTreeMap::new();
-    let mut entry = |position: i32, kind: &str, key: &str| -> Result<(), sqlx::Error> {
+    let kind_of = |kind: &str| kind.parse::<EntryKind>().map_err(|e| sqlx::Error::Decode(Box::new(e)));
+    let mut entry = |position: i32, kind: EntryKind, key: &str| -> Result<(), sqlx::Error> {
         let position = u32::try_from(position).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
-        let kind = kind.parse::<EntryKind>().map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
         journal.insert(position, JournalEntry::new(kind, key));
         Ok(())
     };
     for ((position, kind), key) in positions.into_iter().zip(&kinds).zip(&journal_keys) {
-        entry(position, kind, key)?;
+        entry(position, kind_of(kind)?, key)?;
     }
     for ((position, kind), key) in step_positions.into_iter().zip(&step_kinds).zip(&keys) {
-        if let (Some(position), Some(kind)) = (position, kind) {
-            entry(position, kind, key)?;
+        if let Some(position) = position {
+            entry(position, kind.as_deref().map_or(Ok(EntryKind::Step), kind_of)?, key)?;
         }
     }
     Ok((keys.into_iter().zip(outputs).collect(), journal))

@@ -1,7 +1,9 @@
 -- Appended to the claims and the dry replay's page (`concat!`): a run's
 -- stored steps as four arrays from one scan (key i holds output i, and the
--- journal entry at position i with kind i, NULL for a step row written
--- before migration 0029 or without an entry of its own), and the rest of its
+-- journal entry at position i, NULL for a step row written before migration
+-- 0029 or without an entry of its own; kind i is NULL for a plain step, the
+-- most common kind, so that a replay of 1,000 steps carries no 1,000 copies
+-- of 'step' to build, send and decode), and the rest of its
 -- journal (`step_journal`: waits, invokes, markers, and every entry written
 -- before 0029) as three, for the run `c` of the statement it ends. A jsonb
 -- object of 1,000 steps and one scan of the journal per array cost about
@@ -10,7 +12,7 @@
 -- position.
   CROSS JOIN LATERAL (
        SELECT coalesce(array_agg(s.step_key), '{}') AS step_keys, coalesce(array_agg(s.output), '{}') AS step_outputs,
-              coalesce(array_agg(s.position), '{}') AS step_positions, coalesce(array_agg(s.kind), '{}') AS step_kinds
+              coalesce(array_agg(s.position), '{}') AS step_positions, coalesce(array_agg(NULLIF(s.kind, 'step')), '{}') AS step_kinds
          FROM durastep.step_results s WHERE s.run_id = c.id) st
   CROSS JOIN LATERAL (
        SELECT coalesce(array_agg(j.position), '{}') AS journal_positions, coalesce(array_agg(j.kind), '{}') AS journal_kinds,
