@@ -11,6 +11,14 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+# One transport for all three engines: without an sslmode, node-postgres never
+# uses TLS, while psycopg and sqlx use it whenever the server offers it (a
+# Debian server does, with its snakeoil certificate). Set one to compare over TLS.
+case "$DATABASE_URL" in
+    *sslmode=*) ;;
+    *\?*) DATABASE_URL="$DATABASE_URL&sslmode=disable" ;;
+    *) DATABASE_URL="$DATABASE_URL?sslmode=disable" ;;
+esac
 
 bash "$here/install.sh"
 # Built before anything is timed, so that the build does not load the machine.
