@@ -49,32 +49,28 @@ VACUUM ANALYZE public.runs_today;
 VACUUM ANALYZE public.runs_hot;
 VACUUM ANALYZE public.due_hot;
 SQL
-cat >"$tmp/today.sql" <<'SQL'
-WITH c AS (SELECT id FROM public.runs_today WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= now()
-            ORDER BY priority DESC, run_at LIMIT 32 FOR UPDATE SKIP LOCKED),
-u AS (UPDATE public.runs_today r
+# One round: `c` (the claim's candidates, from the variant's queue), then the
+# claim and the completion, the same for both variants but for their table.
+round_script() { # table, candidates CTE
+  cat <<SQL
+WITH c AS ($2),
+u AS (UPDATE public.$1 r
          SET state = 'running', lease_epoch = r.lease_epoch + 1, worker_id = '00000000-0000-0000-0000-000000000001',
              lease_expires_at = now() + interval '30 s', started_at = coalesce(r.started_at, now())
         FROM c WHERE r.id = c.id RETURNING r.id)
 SELECT array_agg(id)::text AS ids FROM u \gset
-UPDATE public.runs_today r SET state = 'completed', finished_at = now(), output = 'null', lease_expires_at = NULL,
+UPDATE public.$1 r SET state = 'completed', finished_at = now(), output = 'null', lease_expires_at = NULL,
        worker_id = NULL
  WHERE r.id = ANY (:ids::uuid[]);
 SQL
-cat >"$tmp/hot.sql" <<'SQL'
-WITH c AS (DELETE FROM public.due_hot WHERE run_id IN (
-               SELECT run_id FROM public.due_hot WHERE run_at <= now()
-                ORDER BY priority DESC, run_at LIMIT 32 FOR UPDATE SKIP LOCKED)
-           RETURNING run_id),
-u AS (UPDATE public.runs_hot r
-         SET state = 'running', lease_epoch = r.lease_epoch + 1, worker_id = '00000000-0000-0000-0000-000000000001',
-             lease_expires_at = now() + interval '30 s', started_at = coalesce(r.started_at, now())
-        FROM c WHERE r.id = c.run_id RETURNING r.id)
-SELECT array_agg(id)::text AS ids FROM u \gset
-UPDATE public.runs_hot r SET state = 'completed', finished_at = now(), output = 'null', lease_expires_at = NULL,
-       worker_id = NULL
- WHERE r.id = ANY (:ids::uuid[]);
-SQL
+}
+round_script runs_today "SELECT id FROM public.runs_today
+     WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= now()
+     ORDER BY priority DESC, run_at LIMIT 32 FOR UPDATE SKIP LOCKED" >"$tmp/today.sql"
+round_script runs_hot "DELETE FROM public.due_hot WHERE run_id IN (
+         SELECT run_id FROM public.due_hot WHERE run_at <= now()
+          ORDER BY priority DESC, run_at LIMIT 32 FOR UPDATE SKIP LOCKED)
+     RETURNING run_id AS id" >"$tmp/hot.sql"
 busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 for round in $(seq 1 "$rounds"); do
   for s in today hot; do
