@@ -12,13 +12,12 @@
 # postgres). Creates and drops the database durastep_checkpoint_rows. SECS
 # (default 6) and ROUNDS (default 3) set each run's length and the rounds.
 set -euo pipefail
-export PGHOST="${PGHOST:-127.0.0.1}" PGUSER="${PGUSER:-postgres}"
+. benches/sql/lib.sh
 db=durastep_checkpoint_rows
 secs="${SECS:-6}"
 rounds="${ROUNDS:-3}"
-psql -qc "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
 trap 'psql -qc "DROP DATABASE IF EXISTS $db"' EXIT
-for f in migrations/*.sql; do psql -d "$db" -v ON_ERROR_STOP=1 -q -f "$f" >/dev/null; done
+migrated_db "$db"
 tmp=$(mktemp -d)
 cat >"$tmp/journal_row.sql" <<'SQL'
 WITH r AS (SELECT gen_random_uuid() AS run_id),

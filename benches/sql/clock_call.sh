@@ -9,12 +9,11 @@
 # Needs a local Postgres (PGHOST/PGUSER as for psql; default 127.0.0.1 and
 # postgres). Creates and drops the database durastep_clock_call.
 set -euo pipefail
-export PGHOST="${PGHOST:-127.0.0.1}" PGUSER="${PGUSER:-postgres}"
+. benches/sql/lib.sh
 db=durastep_clock_call
 secs="${SECS:-8}"
-psql -qc "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
 trap 'psql -qc "DROP DATABASE IF EXISTS $db"' EXIT
-for f in migrations/*.sql; do psql -d "$db" -v ON_ERROR_STOP=1 -q -f "$f" >/dev/null; done
+migrated_db "$db"
 psql -d "$db" -qc "CREATE FUNCTION durastep.now_as_sql() RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE
                    AS \$\$ SELECT now() + (SELECT offset_by FROM durastep.clock) \$\$"
 tmp=$(mktemp -d)

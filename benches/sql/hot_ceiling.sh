@@ -21,14 +21,14 @@
 # (default 5), ROUNDS (default 2) and CLIENTS (default 2) set each run's
 # length, the alternated rounds and the concurrency.
 set -euo pipefail
-export PGHOST="${PGHOST:-127.0.0.1}" PGUSER="${PGUSER:-postgres}" PGOPTIONS="-c client_min_messages=warning"
+. benches/sql/lib.sh
+export PGOPTIONS="-c client_min_messages=warning"
 db=durastep_hot_ceiling
 secs="${SECS:-5}"
 rounds="${ROUNDS:-2}"
 clients="${CLIENTS:-2}"
-psql -qc "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
 trap 'psql -qc "DROP DATABASE IF EXISTS $db"' EXIT
-for f in migrations/*.sql; do psql -d "$db" -v ON_ERROR_STOP=1 -q -f "$f" >/dev/null; done
+migrated_db "$db"
 tmp=$(mktemp -d)
 cat >"$tmp/setup.sql" <<'SQL'
 DROP TABLE IF EXISTS public.runs_today, public.runs_hot, public.due_hot;

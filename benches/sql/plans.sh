@@ -26,11 +26,10 @@
 # postgres), python3 (to cut the flush out of the Rust source). Creates and
 # drops the database durastep_plans.
 set -euo pipefail
-export PGHOST="${PGHOST:-127.0.0.1}" PGUSER="${PGUSER:-postgres}"
+. benches/sql/lib.sh
 db=durastep_plans
-psql -qc "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" 2>/dev/null
 trap 'psql -qc "DROP DATABASE IF EXISTS $db"' EXIT
-for f in migrations/*.sql; do psql -d "$db" -v ON_ERROR_STOP=1 -q -f "$f" >/dev/null; done
+migrated_db "$db"
 # A function for the sends to fan out to (its runs are never claimed).
 psql -d "$db" -qc "INSERT INTO durastep.functions (id, triggers, max_attempts) VALUES ('f', ARRAY['go'], 3)"
 # Runs of another function, as any live database has (in empty tables the
@@ -47,10 +46,19 @@ python3 - "$script" <<'PY'
 import re, sys
 src = open("crates/durastep/src/store/attempt.rs").read()
 body = re.search(r"macro_rules! flush_sql \{.*?concat!\(\s*(.*?)\n\s*\)\n\s*\};", src, re.S).group(1)
-lit = re.findall(r'"((?:[^"\\]|\\.)*)"', body)
 fin = re.search(r'macro_rules! fin_none \{.*?"(.*?)"', src, re.S).group(1)
 fin_history = re.search(r'macro_rules! fin_none_history \{.*?"(.*?)"', src, re.S).group(1)
-flush = lit[0] + "FOR NO KEY UPDATE SKIP LOCKED" + lit[1] + fin + lit[2] + fin_history + lit[3]
+plain = re.search(r'macro_rules! plain_inserts \{(.*?)\n\}', src, re.S).group(1)
+inserts = dict(re.findall(r'\((\w+)\) => \{\s*"(.*?)"', plain, re.S))
+# The macro's arguments as the checkpoint-only flush of plain inserts fills them.
+fill = {"lock": "FOR NO KEY UPDATE SKIP LOCKED", "fin": fin, "fin_history": fin_history}
+flush = "".join(
+    text if arg is None else (inserts[inner] if name == "inserts" else fill[name])
+    for text, name, inner, arg in (
+        (m.group(1), m.group(2), m.group(3), m.group(2))
+        for m in re.finditer(r'"((?:[^"\\]|\\.)*)"|\$(\w+)(?:!\((\w*)\))?', body)
+    )
+)
 statements = [
     ("flush", flush,
      "uuid[], bigint[], text[], text[], uuid[], bigint[], text[], timestamptz[], timestamptz[], int[], int[], text[]",

@@ -12,7 +12,7 @@
 # Needs a local Postgres (PGHOST/PGUSER as for psql; default 127.0.0.1 and
 # postgres). Creates and drops the databases durastep_ids_v4 and durastep_ids_v7.
 set -euo pipefail
-export PGHOST="${PGHOST:-127.0.0.1}" PGUSER="${PGUSER:-postgres}"
+. benches/sql/lib.sh
 runs="${RUNS:-300000}"
 claims="${CLAIMS:-2000}"
 if ((claims * 3 * 32 > runs)); then
@@ -25,8 +25,7 @@ for v in v4 v7; do
     db=durastep_ids_$v
     mint="gen_random_uuid()"
     [[ $v == v7 ]] && mint="durastep.uuid7()"
-    psql -qc "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
-    for f in migrations/*.sql; do psql -d "$db" -v ON_ERROR_STOP=1 -q -f "$f" >/dev/null; done
+    migrated_db "$db"
     psql -d "$db" -v ON_ERROR_STOP=1 -q <<SQL
 INSERT INTO durastep.functions (id, triggers, max_attempts) VALUES ('f', ARRAY['go'], 3);
 CREATE TEMP TABLE ids AS SELECT $mint AS event_id, $mint AS run_id, g FROM generate_series(1, $runs) g;
