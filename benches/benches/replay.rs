@@ -62,14 +62,15 @@ async fn wait_sleeping(pool: &PgPool, run: Uuid) {
     }
 }
 
-/// Wakes the run `ROUNDS` times; returns (wake -> handler entry, memoized replay) per round.
+/// Wakes the run `n` times; returns (wake -> handler entry, memoized replay) per round.
 async fn rounds(
     pool: &PgPool,
     run: Uuid,
     probes: &mut mpsc::UnboundedReceiver<Probe>,
+    n: usize,
 ) -> (Vec<Duration>, Vec<Duration>) {
     let (mut resume, mut replay) = (vec![], vec![]);
-    for _ in 0..ROUNDS {
+    for _ in 0..n {
         wait_sleeping(pool, run).await;
         tokio::time::sleep(Duration::from_millis(20)).await; // let the worker go idle
         let woke = Instant::now();
@@ -154,8 +155,17 @@ async fn main() {
     let empty = engine.send(Event::new("bench/replay0", &0)).await.expect("send").run_ids[0];
     rx_empty.recv().await.unwrap();
 
-    let (resume_big, replay_big) = rounds(&pool, big, &mut rx_big).await;
-    let (resume_empty, _) = rounds(&pool, empty, &mut rx_empty).await;
+    // `ROUNDS` each, in blocks of half ordered big, empty, empty, big, so that
+    // a drift of the machine over the bench touches both runs alike (woken
+    // alternately, every resume of the empty run followed the big run's and
+    // came out slower: docs/performance.md, 2026-12-04 night).
+    let half = ROUNDS / 2;
+    let (mut resume_big, mut replay_big) = rounds(&pool, big, &mut rx_big, half).await;
+    let (mut resume_empty, _) = rounds(&pool, empty, &mut rx_empty, half).await;
+    resume_empty.extend(rounds(&pool, empty, &mut rx_empty, half).await.0);
+    let (resume, replay) = rounds(&pool, big, &mut rx_big, half).await;
+    resume_big.extend(resume);
+    replay_big.extend(replay);
 
     // The raw yardstick: the same 1,000 rows read by plain sqlx, one row each, into a map.
     let mut load = vec![];
