@@ -82,9 +82,10 @@ impl EngineInner {
     }
 
     /// The functions of this engine that events named `names` trigger (a
-    /// function once per name that triggers it).
-    pub(crate) fn triggered_by<'a>(&self, names: impl Iterator<Item = &'a str>) -> Vec<&str> {
-        names.filter_map(|n| self.triggered.get(n)).flatten().map(String::as_str).collect()
+    /// function once per name that triggers it: a batch of 1,000 events of
+    /// one name looks its name up once).
+    pub(crate) fn triggered_by(&self, names: &std::collections::BTreeSet<&str>) -> Vec<&str> {
+        names.iter().filter_map(|n| self.triggered.get(*n)).flatten().map(String::as_str).collect()
     }
 
     /// Every (function, version) this engine has a handler for, as the claim takes them.
@@ -237,8 +238,8 @@ impl Engine {
             // waiting for the NOTIFY to come back through their listener,
             // for the classes of the functions the events trigger (as the
             // NOTIFY names them; a wait the send resumed is left to the NOTIFY).
-            let names = prepared.iter().map(|e| e.name.as_str());
-            self.inner.local_workers.wake(&self.inner.triggered_by(names));
+            let names = prepared.iter().map(|e| e.name.as_str()).collect();
+            self.inner.local_workers.wake(&self.inner.triggered_by(&names));
         }
         Ok(receipts)
     }
