@@ -52,13 +52,12 @@ plain = re.search(r'macro_rules! plain_inserts \{(.*?)\n\}', src, re.S).group(1)
 inserts = dict(re.findall(r'\((\w+)\) => \{\s*"(.*?)"', plain, re.S))
 # The macro's arguments as the checkpoint-only flush of plain inserts fills them.
 fill = {"lock": "FOR NO KEY UPDATE SKIP LOCKED", "fin": fin, "fin_history": fin_history}
-flush = "".join(
-    text if arg is None else (inserts[inner] if name == "inserts" else fill[name])
-    for text, name, inner, arg in (
-        (m.group(1), m.group(2), m.group(3), m.group(2))
-        for m in re.finditer(r'"((?:[^"\\]|\\.)*)"|\$(\w+)(?:!\((\w*)\))?', body)
-    )
-)
+def piece(m):
+    text, name, inner = m.groups()
+    if name is None:
+        return text
+    return inserts[inner] if name == "inserts" else fill[name]
+flush = "".join(piece(m) for m in re.finditer(r'"((?:[^"\\]|\\.)*)"|\$(\w+)(?:!\((\w*)\))?', body))
 statements = [
     ("flush", flush,
      "uuid[], bigint[], text[], text[], uuid[], bigint[], text[], timestamptz[], timestamptz[], int[], int[], text[]",
