@@ -33,7 +33,7 @@ use crate::store::{self, ClaimedRun, Fence, PendingWrite, WriteOutcome};
 /// ```
 /// use std::time::Duration;
 /// let opts = durastep::WorkerOptions { max_in_flight: 256, lease: Duration::from_secs(60), ..Default::default() };
-/// assert_eq!(opts.claim_batch, 32);
+/// assert_eq!(opts.claim_batch, 128);
 /// ```
 #[derive(Debug, Clone)]
 // Not #[non_exhaustive]: build it with `..Default::default()`, so new fields stay compatible.
@@ -42,9 +42,12 @@ pub struct WorkerOptions {
     /// attempt whose handler has returned gives its slot to the next claim
     /// while its end (completion, failure, retry) is still being written.
     pub max_in_flight: usize,
-    /// Runs claimed per round trip at most (default 32).
+    /// Runs claimed per round trip at most (default 128). Much of a claim's
+    /// cost is per statement, not per run (docs/performance.md "Larger
+    /// claims"), so a busy worker takes what its free slots and
+    /// [`claim_ahead`](Self::claim_ahead) allow in one round trip.
     pub claim_batch: usize,
-    /// Runs claimed ahead of free slots (default 16, at most `max_in_flight`,
+    /// Runs claimed ahead of free slots (default 64, at most `max_in_flight`,
     /// and at most as many as this worker's slots freed in the last 100-200
     /// ms): claimed and leased, they wait in this worker and start the moment
     /// a slot frees, without a claim round trip in between; the buffer is
@@ -88,8 +91,8 @@ impl Default for WorkerOptions {
     fn default() -> Self {
         WorkerOptions {
             max_in_flight: 64,
-            claim_batch: 32,
-            claim_ahead: 16,
+            claim_batch: 128,
+            claim_ahead: 64,
             poll_interval: Duration::from_secs(1),
             lease: Duration::from_secs(30),
             heartbeat_interval: Duration::from_secs(10),
