@@ -42,9 +42,9 @@ pub struct WorkerOptions {
     /// attempt whose handler has returned gives its slot to the next claim
     /// while its end (completion, failure, retry) is still being written.
     pub max_in_flight: usize,
-    /// Runs claimed per round trip at most (default 128). Much of a claim's
-    /// cost is per statement, not per run (docs/performance.md "Larger
-    /// claims"), so a busy worker takes what its free slots and
+    /// Runs claimed per round trip at most (default 128). A good part of a
+    /// claim's cost is per statement, not per run (docs/performance.md
+    /// "Larger claims"), so a busy worker takes what its free slots and
     /// [`claim_ahead`](Self::claim_ahead) allow in one round trip.
     pub claim_batch: usize,
     /// Runs claimed ahead of free slots (default 64, at most `max_in_flight`,
