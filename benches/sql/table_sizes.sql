@@ -31,8 +31,11 @@
 -- are ~50-byte JSON objects. After each population the sizes of every
 -- relation in schema durastep are recorded, before and after VACUUM ANALYZE;
 -- the report gives each population's share scaled to a million runs.
--- Then: EXPLAIN ANALYZE of an empty fast claim with the sleeping runs in the
--- table, and the retention comparison (the engine's own `durastep.prune_batch` in
+-- Then: EXPLAIN ANALYZE of the walk of `runs_due` that every claim finding
+-- fewer runs due than it asked for made before 2026-12-04 (since then such a
+-- claim reads `runs_next_due` up to the first run not yet due instead, and
+-- walks `runs_due` only when more runs are due than it takes), with the
+-- sleeping runs in the table, and the retention comparison (the engine's own `durastep.prune_batch` in
 -- batches of 500 until nothing is left, against DETACH + DROP of the month
 -- partitions of a partitioned copy holding the same rows).
 
@@ -309,7 +312,7 @@ SELECT c.relname, round(pg_total_relation_size(c.oid) / 1048576.0, 1) AS total_m
  ORDER BY 2 DESC;
 
 \echo
-\echo == An empty fast claim with only sleeping runs unfinished (its candidate scan)
+\echo == The walk of runs_due with only sleeping runs unfinished (an empty claim's before 2026-12-04)
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
 SELECT c.id FROM durastep.runs c
  WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= durastep.now()

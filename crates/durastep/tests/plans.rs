@@ -206,3 +206,102 @@ async fn a_flush_reads_only_its_own_runs(_p: PgPoolOptions, opts: PgConnectOptio
     let read = running_index_reads(&mut conn).await - before;
     assert!(read < OTHERS, "the flushes read {read} entries of runs_running ({OTHERS} other running runs)");
 }
+
+/// Buffers (shared hits and reads) a claim reads when nothing is due: `sql`
+/// prepared on `conn` and executed under its generic plan, as a worker's
+/// connection keeps it, inside a transaction that is rolled back.
+async fn idle_claim_buffers(conn: &mut PgConnection, sql: &'static str, full: bool) -> i64 {
+    let types = if full {
+        "text[], bigint, float8, uuid, float8, text[], int[]"
+    } else {
+        "text[], bigint, float8, uuid, text[], int[]"
+    };
+    let args = if full {
+        "'{f}', 64, 30, gen_random_uuid(), 1, '{f}', '{0}'"
+    } else {
+        "'{f}', 64, 30, gen_random_uuid(), '{f}', '{0}'"
+    };
+    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan; BEGIN").execute(&mut *conn).await.expect("begin");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE idle_claim ({types}) AS {sql}")))
+        .execute(&mut *conn)
+        .await
+        .expect("prepare the claim");
+    let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE idle_claim ({args})"
+    )))
+    .fetch_one(&mut *conn)
+    .await
+    .expect("explain the claim");
+    sqlx::raw_sql("ROLLBACK; DEALLOCATE idle_claim; RESET plan_cache_mode")
+        .execute(&mut *conn)
+        .await
+        .expect("roll back");
+    let root = &plan[0]["Plan"];
+    root["Shared Hit Blocks"].as_i64().expect("hits") + root["Shared Read Blocks"].as_i64().expect("reads")
+}
+
+/// Catches: a claim that walks the entry of every sleeping and waiting run
+/// when fewer runs are due than it asks for. `runs_due` is ordered by
+/// priority, then due time, and Postgres 15 cannot skip to the next
+/// priority, so before 2026-12-04 each such claim (an idle worker's, or any
+/// claim in a trickle of sends) read the whole index: with 400,000 runs
+/// asleep, 4.6-6.8 ms per claim against 0.11-0.12 ms since (pgbench,
+/// docs/performance.md "Claims that skip the sleeping runs"). Here each
+/// claim, with nothing due, reads about as many buffers with 30,000 runs
+/// asleep as with none (0-5 against 0-4): the old fast claim read 151, the
+/// old full claim 165 (the index's leaf pages).
+#[sqlx::test(migrations = false)]
+async fn an_idle_claim_does_not_read_the_sleeping_runs(_p: PgPoolOptions, opts: PgConnectOptions) {
+    const ASLEEP: i64 = 30_000;
+    let handler = |_ctx: Ctx, v: Value| async move { Ok(v) };
+    let engine = common::engine(&opts, vec![Function::new("f").on_event("go").handler(handler)]).await;
+    let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
+    let claims = [
+        (
+            "the fast claim",
+            concat!(include_str!("../src/store/sql/claim_fast.sql"), include_str!("../src/store/sql/run_records.sql")),
+            false,
+        ),
+        (
+            "the full claim",
+            concat!(include_str!("../src/store/sql/claim.sql"), include_str!("../src/store/sql/run_records.sql")),
+            true,
+        ),
+    ];
+    // Each claim once before it is measured (the first execution in a session
+    // reads the catalog), then with nothing stored.
+    let mut empty = Vec::new();
+    for (_, sql, full) in claims {
+        idle_claim_buffers(&mut conn, sql, full).await;
+        empty.push(idle_claim_buffers(&mut conn, sql, full).await);
+    }
+    // A backlog, as the statistics see it (a generic plan made then walks
+    // `runs_due`; one made while nothing is due may scan `runs_next_due` and
+    // sort, which hid the walk of the old full claim), then every run asleep,
+    // each until its own time in the next month (one shared due time would
+    // be deduplicated into a few index entries), with no new statistics.
+    sqlx::query("ALTER TABLE durastep.runs SET (autovacuum_enabled = false)")
+        .execute(&mut conn)
+        .await
+        .expect("autovacuum off");
+    let seed: Vec<Event> = (0..ASLEEP).map(|i| Event::new("go", &i)).collect();
+    for chunk in seed.chunks(1000) {
+        engine.send_batch(chunk.to_vec()).await.expect("seed runs");
+    }
+    sqlx::query("ANALYZE durastep.runs").execute(&mut conn).await.expect("analyze");
+    sqlx::query(
+        "UPDATE durastep.runs SET state = 'sleeping',
+                run_at = durastep.now() + interval '1 hour' + random() * interval '30 days'",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("put the runs to sleep");
+    sqlx::query("VACUUM durastep.runs").execute(&mut conn).await.expect("vacuum");
+    for ((name, sql, full), before) in claims.into_iter().zip(empty) {
+        let asleep = idle_claim_buffers(&mut conn, sql, full).await;
+        assert!(
+            asleep - before < 30,
+            "{name} with nothing due read {asleep} buffers with {ASLEEP} runs asleep, {before} with none"
+        );
+    }
+}

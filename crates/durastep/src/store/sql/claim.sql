@@ -16,19 +16,47 @@
 WITH p AS MATERIALIZED (
     SELECT $1::text[] AS functions, $2::bigint AS n, make_interval(secs => $3) AS lease, $4::uuid AS worker,
            make_interval(secs => $5) AS recheck, $6::text[] AS version_ids, $7::int[] AS versions),
--- The due candidates, in priority then due order, skipping rows others hold.
-cand AS MATERIALIZED (
-    SELECT id, function_id, event_id, priority, run_at,
-           (started_at IS NULL AND start_by < durastep.now()) AS late,
-           (deadline_at < durastep.now()) AS overdue
-      FROM durastep.runs
+-- Every run this claim may take that is due now, in due order, one more
+-- than the claim takes at most: an index scan of `runs_next_due` ends at the
+-- first run not yet due, however many runs sleep or wait behind it.
+due AS MATERIALIZED (
+    SELECT id FROM durastep.runs
      WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
        AND function_id = ANY ((SELECT p.functions FROM p)::text[])
        -- Versions: only runs of a (function, version) this worker has a handler for.
        AND (function_id, version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
-     ORDER BY priority DESC, run_at
-     LIMIT (SELECT p.n FROM p)
-     FOR UPDATE SKIP LOCKED),
+     ORDER BY run_at
+     LIMIT (SELECT p.n FROM p) + 1),
+-- The due candidates, in priority then due order, skipping rows others hold,
+-- taken one of two ways as in claim_fast.sql (the count of `due` decides;
+-- the other is never executed): all of them fit in this claim, so the best
+-- of `due`, locked by id (state and due time checked again on the row
+-- version the lock returns); or more are due, so a walk of `runs_due`, which
+-- stops once it has the claim's runs.
+cand AS MATERIALIZED (
+    SELECT a.* FROM (
+        SELECT id, function_id, event_id, priority, run_at,
+               (started_at IS NULL AND start_by < durastep.now()) AS late,
+               (deadline_at < durastep.now()) AS overdue
+          FROM durastep.runs
+         WHERE id IN (SELECT d.id FROM due d) AND (SELECT count(*) FROM due) <= (SELECT p.n FROM p)
+           AND state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
+         ORDER BY priority DESC, run_at
+         LIMIT (SELECT p.n FROM p)
+         FOR UPDATE SKIP LOCKED) a
+    UNION ALL
+    SELECT b.* FROM (
+        SELECT id, function_id, event_id, priority, run_at,
+               (started_at IS NULL AND start_by < durastep.now()) AS late,
+               (deadline_at < durastep.now()) AS overdue
+          FROM durastep.runs
+         WHERE (SELECT count(*) FROM due) > (SELECT p.n FROM p)
+           AND state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
+           AND function_id = ANY ((SELECT p.functions FROM p)::text[])
+           AND (function_id, version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
+         ORDER BY priority DESC, run_at
+         LIMIT (SELECT p.n FROM p)
+         FOR UPDATE SKIP LOCKED) b),
 -- Candidates past their start or finish deadline are cancelled, not started.
 expired AS (
     UPDATE durastep.runs x

@@ -36,7 +36,29 @@ WITH p AS MATERIALIZED (
 -- flushes the WAL past the claim first (docs/architecture.md "The claim's
 -- commit").
 t AS MATERIALIZED (SELECT durastep.now() AS now, set_config('synchronous_commit', 'off', true) AS commit_mode),
--- The due runs, under a new lease epoch: 1 to 2^31 above the last one, at random.
+-- Every run this claim may take that is due now, in due order, one more
+-- than the claim takes at most: an index scan of `runs_next_due` (ordered by
+-- `run_at` alone) ends at the first run not yet due, however many runs sleep
+-- or wait behind it.
+due AS MATERIALIZED (
+    SELECT c.id FROM durastep.runs c
+     WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
+       AND c.function_id = ANY ((SELECT p.functions FROM p)::text[])
+       AND (c.function_id, c.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
+       AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id)
+       AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))
+       AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t))
+     ORDER BY c.run_at
+     LIMIT (SELECT p.n FROM p) + 1),
+-- The due runs, under a new lease epoch: 1 to 2^31 above the last one, at
+-- random. Highest priority first, then earliest due, taken one of two ways
+-- (the count of `due` decides which one runs; the other is never executed):
+-- * all of them fit in this claim: the best of `due`, locked by id (the
+--   state and due time checked again on the row version the lock returns);
+-- * more are due: a walk of `runs_due` in priority then due order, which
+--   stops once it has the claim's runs. (It walked every sleeping and waiting
+--   run's entry whenever fewer runs were due than the claim asked for, as it
+--   did for every claim before 2026-12-04: docs/scaling.md "Sleeping runs".)
 claimed AS (
     UPDATE durastep.runs r
        SET state = 'running', lease_epoch = r.lease_epoch + 1 + floor(random() * 2147483648)::bigint,
@@ -44,16 +66,26 @@ claimed AS (
            worker_id = (SELECT p.worker FROM p), started_at = coalesce(r.started_at, (SELECT now FROM t)),
            park_rule = NULL, park_key = NULL, flow_held = NULL, history_noted = NOT r.history_noted
      WHERE r.id = ANY (ARRAY(
-            SELECT c.id FROM durastep.runs c
-             WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
-               AND c.function_id = ANY ((SELECT p.functions FROM p)::text[])
-               AND (c.function_id, c.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
-               AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id)
-               AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))
-               AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t))
-             ORDER BY c.priority DESC, c.run_at
-             LIMIT (SELECT p.n FROM p)
-             FOR UPDATE OF c SKIP LOCKED))
+            SELECT a.id FROM (
+                SELECT c.id FROM durastep.runs c
+                 WHERE c.id IN (SELECT d.id FROM due d) AND (SELECT count(*) FROM due) <= (SELECT p.n FROM p)
+                   AND c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
+                 ORDER BY c.priority DESC, c.run_at
+                 LIMIT (SELECT p.n FROM p)
+                 FOR UPDATE OF c SKIP LOCKED) a
+            UNION ALL
+            SELECT b.id FROM (
+                SELECT c.id FROM durastep.runs c
+                 WHERE (SELECT count(*) FROM due) > (SELECT p.n FROM p)
+                   AND c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
+                   AND c.function_id = ANY ((SELECT p.functions FROM p)::text[])
+                   AND (c.function_id, c.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
+                   AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id)
+                   AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))
+                   AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t))
+                 ORDER BY c.priority DESC, c.run_at
+                 LIMIT (SELECT p.n FROM p)
+                 FOR UPDATE OF c SKIP LOCKED) b))
     RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch, r.parent_run_id, r.parent_step_key,
               r.priority, r.run_at),
 -- Their history rows.

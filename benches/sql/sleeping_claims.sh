@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# What sleeping runs cost a claim: the fast claim of 128 runs (its statement
+# as the worker sends it: store/sql/claim_fast.sql with run_records.sql,
+# prepared, so under the generic plan a worker keeps) in a database holding
+# SLEEPING runs asleep until random times in the next month (default
+# 400,000). First "idle": nothing due, the claim an idle worker makes, and
+# most claims under a trickle of sends (fewer runs due than they ask for).
+# Then "busy": 200,000 of them made due, each round claiming for a second
+# from that backlog (the rest still asleep).
+# pgbench, 1 client, the latency per claim. Plain psql, python3 and pgbench;
+# no Rust build. From the repository root:
+#
+#   bash benches/sql/sleeping_claims.sh
+#
+# CLAIM_SQL names another version of the claim to measure instead (the one
+# before 2026-12-04, which walked every sleeping run's entry of `runs_due`
+# whenever fewer runs were due than it asked for):
+#
+#   git show 42cd94b:crates/durastep/src/store/sql/claim_fast.sql > /tmp/old_claim.sql
+#   CLAIM_SQL=/tmp/old_claim.sql bash benches/sql/sleeping_claims.sh
+#
+# Needs a local Postgres (PGHOST/PGUSER as for psql; default 127.0.0.1 and
+# postgres). Creates and drops the database durastep_sleeping_claims. SECS
+# (default 3) sets each idle run's length (a busy one lasts a second, so that
+# the backlog lasts), ROUNDS (default 2) the rounds of each, SLEEPING the
+# runs asleep.
+set -euo pipefail
+. benches/sql/lib.sh
+db=durastep_sleeping_claims
+secs="${SECS:-3}"
+rounds="${ROUNDS:-2}"
+sleeping="${SLEEPING:-400000}"
+claim_sql="${CLAIM_SQL:-crates/durastep/src/store/sql/claim_fast.sql}"
+tmp=$(mktemp -d)
+trap 'psql -qc "DROP DATABASE IF EXISTS $db"; rm -rf "$tmp"' EXIT
+migrated_db "$db"
+
+# The claim with its parameters filled in as pgbench's (function `f`,
+# version 0, a 30 s lease), comments dropped.
+python3 - "$claim_sql" crates/durastep/src/store/sql/run_records.sql >"$tmp/claim.sql" <<'PY'
+import sys
+text = "".join(open(path).read() for path in sys.argv[1:])
+sql = " ".join(l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("--"))
+params = {
+    "$1::text[]": "'{f}'::text[]", "$2::bigint": ":n::bigint", "make_interval(secs => $3)": "make_interval(secs => 30)",
+    "$4::uuid": "'00000000-0000-0000-0000-000000000001'::uuid", "$5::text[]": "'{f}'::text[]",
+    "$6::int[]": "'{0}'::int[]",
+}
+for param, value in params.items():
+    assert param in sql, param
+    sql = sql.replace(param, value)
+print(sql + ";")
+PY
+
+psql -d "$db" -q -v ON_ERROR_STOP=1 <<SQL
+INSERT INTO durastep.functions (id, triggers, max_attempts) VALUES ('f', ARRAY['go'], 3);
+CREATE TEMP TABLE ids AS SELECT durastep.uuid7() AS ev FROM generate_series(1, $sleeping);
+INSERT INTO durastep.events (id, name, payload) SELECT ev, 'go', '{}' FROM ids;
+INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts)
+    SELECT durastep.uuid7(), 'f', ev, 'sleeping', now() + interval '1 hour' + random() * interval '30 days', 3 FROM ids;
+VACUUM ANALYZE durastep.runs;
+SQL
+
+# Claims for $1 seconds.
+claims() {
+  pgbench -d "$db" -n -M prepared -D n=128 -f "$tmp/claim.sql" -T "$1" -c 1 2>&1 \
+    | sed -n 's/^latency average = \(.*\)$/\1 per claim/p'
+}
+for round in $(seq "$rounds"); do
+  echo "idle, $sleeping runs asleep, round $round: $(claims "$secs")"
+done
+psql -d "$db" -q -c "UPDATE durastep.runs SET state = 'queued', run_at = now() - random() * interval '1 hour'
+                      WHERE id IN (SELECT id FROM durastep.runs ORDER BY id LIMIT 200000)" -c "VACUUM ANALYZE durastep.runs"
+for round in $(seq "$rounds"); do
+  echo "busy, claims of 128 from a backlog of 200,000 due beside the sleeping runs, round $round: $(claims 1)"
+done
