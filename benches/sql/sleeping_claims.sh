@@ -6,7 +6,9 @@
 # 400,000). First "idle": nothing due, the claim an idle worker makes, and
 # most claims under a trickle of sends (fewer runs due than they ask for).
 # Then "busy": 200,000 of them made due, each round claiming for a second
-# from that backlog (the rest still asleep).
+# from that backlog (the rest still asleep), once as after a claim that came
+# back short (the due runs read first, then the walk) and once as after a
+# full one (the walk alone: the worker's hint, `store::Queue`).
 # pgbench, 1 client, the latency per claim. Plain psql, python3 and pgbench;
 # no Rust build. From the repository root:
 #
@@ -49,6 +51,8 @@ params = {
 for param, value in params.items():
     assert param in sql, param
     sql = sql.replace(param, value)
+# The worker's hint (since 2026-12-04; a claim before it has none).
+sql = sql.replace("$7::boolean", ":backlog::boolean")
 print(sql + ";")
 PY
 
@@ -61,16 +65,18 @@ INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempt
 VACUUM ANALYZE durastep.runs;
 SQL
 
-# Claims for $1 seconds.
+# Claims for $1 seconds, expecting a backlog ($2: true or false).
 claims() {
-  pgbench -d "$db" -n -M prepared -D n=128 -f "$tmp/claim.sql" -T "$1" -c 1 2>&1 \
+  pgbench -d "$db" -n -M prepared -D n=128 -D backlog="$2" -f "$tmp/claim.sql" -T "$1" -c 1 2>&1 \
     | sed -n 's/^latency average = \(.*\)$/\1 per claim/p'
 }
 for round in $(seq "$rounds"); do
-  echo "idle, $sleeping runs asleep, round $round: $(claims "$secs")"
+  echo "idle, $sleeping runs asleep, round $round: $(claims "$secs" false)"
 done
 psql -d "$db" -q -c "UPDATE durastep.runs SET state = 'queued', run_at = now() - random() * interval '1 hour'
                       WHERE id IN (SELECT id FROM durastep.runs ORDER BY id LIMIT 200000)" -c "VACUUM ANALYZE durastep.runs"
 for round in $(seq "$rounds"); do
-  echo "busy, claims of 128 from a backlog of 200,000 due beside the sleeping runs, round $round: $(claims 1)"
+  for backlog in false true; do
+    echo "busy, claims of 128 from a backlog of 200,000 due beside the sleeping runs, expecting a backlog: $backlog, round $round: $(claims 1 "$backlog")"
+  done
 done

@@ -37,7 +37,7 @@ SQL
 done
 {
     sed -e 's/\$1/ARRAY['"'"'f'"'"']/g; s/\$2/32/g; s/\$3/30/g; s/\$4/'"'"'00000000-0000-0000-0000-000000000001'"'"'::uuid/g' \
-        -e 's/\$5/ARRAY['"'"'f'"'"']/g; s/\$6/ARRAY[0]/g' \
+        -e 's/\$5/ARRAY['"'"'f'"'"']/g; s/\$6/ARRAY[0]/g; s/\$7/true/g' \
         crates/durastep/src/store/sql/claim_fast.sql crates/durastep/src/store/sql/run_records.sql |
         grep -v '^ *--' | tr '\n' ' '
     echo ";"

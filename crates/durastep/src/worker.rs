@@ -476,10 +476,11 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     idle.saturating_sub(covered).max(1).min(room.min(batch))
                 };
                 let (engine, classes) = (engine.clone(), classes.clone());
+                let queue = if last_full[c] { store::Queue::Backlog } else { store::Queue::Few };
                 let task = claims.spawn(async move {
                     // The lease starts when the database runs the claim: count from before we send it.
                     let sent = Instant::now();
-                    let (result, next_due) = claim_class(&engine, &classes, fast, cap, worker_id).await;
+                    let (result, next_due) = claim_class(&engine, &classes, fast, cap, worker_id, queue).await;
                     ClaimDone { result, fast, cap, sent, received: Instant::now(), next_due }
                 });
                 in_flight.insert(task.id(), Sent { fast, cap });
@@ -741,6 +742,7 @@ async fn claim_class(
     fast: bool,
     cap: usize,
     worker_id: Uuid,
+    queue: store::Queue,
 ) -> (Result<(Vec<ClaimedRun>, i64), String>, Option<Duration>) {
     let claim = tokio::spawn({
         let (engine, classes) = (engine.clone(), classes.clone());
@@ -750,9 +752,9 @@ async fn claim_class(
             let sent = Instant::now();
             let limit = i64::try_from(cap).unwrap_or(i64::MAX);
             let claimed = if fast {
-                store::claim_fast(&engine.pool, functions, limit, lease, worker_id).await
+                store::claim_fast(&engine.pool, functions, limit, lease, worker_id, queue).await
             } else {
-                store::claim_runnable(&engine.pool, functions, limit, lease, worker_id).await
+                store::claim_runnable(&engine.pool, functions, limit, lease, worker_id, queue).await
             };
             let (runs, moved) = claimed.map_err(|e| e.to_string())?;
             metrics::claimed(sent.elapsed(), runs.len(), fast);

@@ -26,7 +26,8 @@ async fn plans_of(conn: &mut PgConnection, sql: &'static str, full: bool, functi
         if full {
             q = q.bind(1.0f64);
         }
-        q.bind(vec![function]).bind(vec![0i32]).execute(&mut *conn).await.expect("claim");
+        // Expecting a backlog or not, as the worker's last claim came back.
+        q.bind(vec![function]).bind(vec![0i32]).bind(i % 2 == 0).execute(&mut *conn).await.expect("claim");
     }
     sqlx::query_as(
         "SELECT custom_plans, generic_plans FROM pg_prepared_statements
@@ -212,14 +213,15 @@ async fn a_flush_reads_only_its_own_runs(_p: PgPoolOptions, opts: PgConnectOptio
 /// connection keeps it, inside a transaction that is rolled back.
 async fn idle_claim_buffers(conn: &mut PgConnection, sql: &'static str, full: bool) -> i64 {
     let types = if full {
-        "text[], bigint, float8, uuid, float8, text[], int[]"
+        "text[], bigint, float8, uuid, float8, text[], int[], boolean"
     } else {
-        "text[], bigint, float8, uuid, text[], int[]"
+        "text[], bigint, float8, uuid, text[], int[], boolean"
     };
+    // Not expecting a backlog: the worker's last claim was not full.
     let args = if full {
-        "'{f}', 64, 30, gen_random_uuid(), 1, '{f}', '{0}'"
+        "'{f}', 64, 30, gen_random_uuid(), 1, '{f}', '{0}', false"
     } else {
-        "'{f}', 64, 30, gen_random_uuid(), '{f}', '{0}'"
+        "'{f}', 64, 30, gen_random_uuid(), '{f}', '{0}', false"
     };
     sqlx::raw_sql("SET plan_cache_mode = force_generic_plan; BEGIN").execute(&mut *conn).await.expect("begin");
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE idle_claim ({types}) AS {sql}")))

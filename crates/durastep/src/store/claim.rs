@@ -122,6 +122,7 @@ pub(crate) async fn claim_runnable(
     limit: i64,
     lease: Duration,
     worker_id: Uuid,
+    queue: Queue,
 ) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
     let rows = sqlx::query(concat!(include_str!("sql/claim.sql"), include_str!("sql/run_records.sql")))
         .bind(&functions.ids)
@@ -131,6 +132,7 @@ pub(crate) async fn claim_runnable(
         .bind(secs(crate::flow::PARK_RECHECK))
         .bind(&functions.version_ids)
         .bind(&functions.versions)
+        .bind(queue == Queue::Backlog)
         .fetch_all(pool)
         .await?;
     claimed_runs(rows, Records::Stored)
@@ -148,6 +150,7 @@ pub(crate) async fn claim_fast(
     limit: i64,
     lease: Duration,
     worker_id: Uuid,
+    queue: Queue,
 ) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
     let rows = sqlx::query(concat!(include_str!("sql/claim_fast.sql"), include_str!("sql/run_records.sql")))
         .bind(&functions.ids)
@@ -156,9 +159,25 @@ pub(crate) async fn claim_fast(
         .bind(worker_id)
         .bind(&functions.version_ids)
         .bind(&functions.versions)
+        .bind(queue == Queue::Backlog)
         .fetch_all(pool)
         .await?;
     claimed_runs(rows, Records::Stored)
+}
+
+/// What a worker expects to find when it claims: which way the claim looks
+/// for its runs. Either way it claims the same runs; only the reads differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Queue {
+    /// The last claim of this class came back full: more runs are likely due
+    /// than this one takes, so it walks `runs_due` in priority order at once
+    /// (the walk stops once it has its runs).
+    Backlog,
+    /// Fewer runs were due than the last claim asked for (or this is the
+    /// first): it reads the due runs in due order first and takes the best of
+    /// them when they all fit, instead of a walk that would read the entry of
+    /// every sleeping and waiting run.
+    Few,
 }
 
 /// What the rows of a claim carry of their runs' steps and journal.

@@ -2,7 +2,8 @@
 -- (concurrency, throttle, rate limit, back-pressure) decided in the same
 -- statement. $3: the lease in seconds; $4: the claiming worker; $5: how long a
 -- run parked by a concurrency rule waits before it is looked at again; $6, $7:
--- the (function, version) pairs the worker has a handler for. Returns one row
+-- the (function, version) pairs the worker has a handler for; $8: whether the
+-- worker expects a backlog (`store::Queue`, as in claim_fast.sql). Returns one row
 -- per claimed run, and the count of runs it parked, skipped, woke or expired
 -- (`moved`; a row with a null id when it claimed none).
 --
@@ -15,31 +16,35 @@
 -- docs/performance.md "Plans kept, the ping before each statement").
 WITH p AS MATERIALIZED (
     SELECT $1::text[] AS functions, $2::bigint AS n, make_interval(secs => $3) AS lease, $4::uuid AS worker,
-           make_interval(secs => $5) AS recheck, $6::text[] AS version_ids, $7::int[] AS versions),
+           make_interval(secs => $5) AS recheck, $6::text[] AS version_ids, $7::int[] AS versions,
+           $8::boolean AS backlog),
 -- Every run this claim may take that is due now, in due order, one more
 -- than the claim takes at most: an index scan of `runs_next_due` ends at the
--- first run not yet due, however many runs sleep or wait behind it.
+-- first run not yet due, however many runs sleep or wait behind it. Not read
+-- when the worker expects a backlog.
 due AS MATERIALIZED (
     SELECT id FROM durastep.runs
-     WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
+     WHERE NOT (SELECT p.backlog FROM p)
+       AND state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
        AND function_id = ANY ((SELECT p.functions FROM p)::text[])
        -- Versions: only runs of a (function, version) this worker has a handler for.
        AND (function_id, version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
      ORDER BY run_at
      LIMIT (SELECT p.n FROM p) + 1),
 -- The due candidates, in priority then due order, skipping rows others hold,
--- taken one of two ways as in claim_fast.sql (the count of `due` decides;
--- the other is never executed): all of them fit in this claim, so the best
--- of `due`, locked by id (state and due time checked again on the row
--- version the lock returns); or more are due, so a walk of `runs_due`, which
--- stops once it has the claim's runs.
+-- taken one of two ways as in claim_fast.sql (the hint and the count of
+-- `due` decide; the other is never executed): all of them fit in this claim,
+-- so the best of `due`, locked by id (state and due time checked again on
+-- the row version the lock returns); or more are due, or the worker expects
+-- a backlog, so a walk of `runs_due`, which stops once it has the claim's runs.
 cand AS MATERIALIZED (
     SELECT a.* FROM (
         SELECT id, function_id, event_id, priority, run_at,
                (started_at IS NULL AND start_by < durastep.now()) AS late,
                (deadline_at < durastep.now()) AS overdue
           FROM durastep.runs
-         WHERE id IN (SELECT d.id FROM due d) AND (SELECT count(*) FROM due) <= (SELECT p.n FROM p)
+         WHERE id IN (SELECT d.id FROM due d)
+           AND NOT (SELECT p.backlog FROM p) AND (SELECT count(*) FROM due) <= (SELECT p.n FROM p)
            AND state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
          ORDER BY priority DESC, run_at
          LIMIT (SELECT p.n FROM p)
@@ -50,7 +55,7 @@ cand AS MATERIALIZED (
                (started_at IS NULL AND start_by < durastep.now()) AS late,
                (deadline_at < durastep.now()) AS overdue
           FROM durastep.runs
-         WHERE (SELECT count(*) FROM due) > (SELECT p.n FROM p)
+         WHERE ((SELECT p.backlog FROM p) OR (SELECT count(*) FROM due) > (SELECT p.n FROM p))
            AND state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
            AND function_id = ANY ((SELECT p.functions FROM p)::text[])
            AND (function_id, version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
