@@ -64,7 +64,7 @@ due AS MATERIALIZED (
 --   the claim asks for, as every claim did before 2026-12-04, whatever it
 --   expected: docs/scaling.md "Sleeping runs". Under a backlog the walk
 --   alone reads least: the due scan first cost four processes draining one
---   queue about 8% of their runs per second.)
+--   queue about 7% of their runs per second.)
 claimed AS (
     UPDATE durastep.runs r
        SET state = 'running', lease_epoch = r.lease_epoch + 1 + floor(random() * 2147483648)::bigint,
