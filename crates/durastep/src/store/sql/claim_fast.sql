@@ -40,7 +40,9 @@ t AS MATERIALIZED (SELECT durastep.now() AS now, set_config('synchronous_commit'
 -- Every run this claim may take that is due now, in due order, one more
 -- than the claim takes at most: an index scan of `runs_next_due` (ordered by
 -- `run_at` alone) ends at the first run not yet due, however many runs sleep
--- or wait behind it. Not read when the worker expects a backlog.
+-- or wait behind it. Not read when the worker expects a backlog. Its
+-- conditions are the walk's below, which must stay alike: a run one of them
+-- admits and the other not would be claimed or left depending on the branch.
 due AS MATERIALIZED (
     SELECT c.id FROM durastep.runs c
      WHERE NOT (SELECT p.backlog FROM p)
