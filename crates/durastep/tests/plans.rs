@@ -14,6 +14,21 @@ use sqlx::{Connection, PgConnection};
 
 const EXECUTIONS: i64 = 12;
 
+/// The two claim statements as the worker sends them: name, text, and
+/// whether it is the full claim (which takes one more parameter).
+const CLAIMS: [(&str, &str, bool); 2] = [
+    (
+        "the full claim",
+        concat!(include_str!("../src/store/sql/claim.sql"), include_str!("../src/store/sql/run_records.sql")),
+        true,
+    ),
+    (
+        "the fast claim",
+        concat!(include_str!("../src/store/sql/claim_fast.sql"), include_str!("../src/store/sql/run_records.sql")),
+        false,
+    ),
+];
+
 /// Runs `sql` (a claim of 1 to 32 runs of `function`) `EXECUTIONS` times
 /// on one connection and returns the number of custom and generic plans
 /// Postgres made for it.
@@ -69,18 +84,7 @@ async fn the_claims_keep_a_generic_plan(_p: PgPoolOptions, opts: PgConnectOption
     }
     let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
     sqlx::query("ANALYZE").execute(&mut conn).await.expect("analyze");
-    for (name, sql, full) in [
-        (
-            "the full claim",
-            concat!(include_str!("../src/store/sql/claim.sql"), include_str!("../src/store/sql/run_records.sql")),
-            true,
-        ),
-        (
-            "the fast claim",
-            concat!(include_str!("../src/store/sql/claim_fast.sql"), include_str!("../src/store/sql/run_records.sql")),
-            false,
-        ),
-    ] {
+    for (name, sql, full) in CLAIMS {
         let (custom, generic) = plans_of(&mut conn, sql, full, "f").await;
         assert!(
             custom <= 5 && generic >= EXECUTIONS - 5,
@@ -116,8 +120,8 @@ async fn the_full_claim_keeps_a_generic_plan_under_flow_control(_p: PgPoolOption
     }
     let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
     sqlx::query("ANALYZE").execute(&mut conn).await.expect("analyze");
-    let sql = concat!(include_str!("../src/store/sql/claim.sql"), include_str!("../src/store/sql/run_records.sql"));
-    let (custom, generic) = plans_of(&mut conn, sql, true, "g").await;
+    let (_, sql, full) = CLAIMS[0];
+    let (custom, generic) = plans_of(&mut conn, sql, full, "g").await;
     // The claims went through the flow rules: some runs started, never
     // more than two per account.
     let (running, most): (i64, i64) = sqlx::query_as(
@@ -258,22 +262,10 @@ async fn an_idle_claim_does_not_read_the_sleeping_runs(_p: PgPoolOptions, opts: 
     let handler = |_ctx: Ctx, v: Value| async move { Ok(v) };
     let engine = common::engine(&opts, vec![Function::new("f").on_event("go").handler(handler)]).await;
     let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
-    let claims = [
-        (
-            "the fast claim",
-            concat!(include_str!("../src/store/sql/claim_fast.sql"), include_str!("../src/store/sql/run_records.sql")),
-            false,
-        ),
-        (
-            "the full claim",
-            concat!(include_str!("../src/store/sql/claim.sql"), include_str!("../src/store/sql/run_records.sql")),
-            true,
-        ),
-    ];
     // Each claim once before it is measured (the first execution in a session
     // reads the catalog), then with nothing stored.
     let mut empty = Vec::new();
-    for (_, sql, full) in claims {
+    for (_, sql, full) in CLAIMS {
         idle_claim_buffers(&mut conn, sql, full).await;
         empty.push(idle_claim_buffers(&mut conn, sql, full).await);
     }
@@ -299,7 +291,7 @@ async fn an_idle_claim_does_not_read_the_sleeping_runs(_p: PgPoolOptions, opts: 
     .await
     .expect("put the runs to sleep");
     sqlx::query("VACUUM durastep.runs").execute(&mut conn).await.expect("vacuum");
-    for ((name, sql, full), before) in claims.into_iter().zip(empty) {
+    for ((name, sql, full), before) in CLAIMS.into_iter().zip(empty) {
         let asleep = idle_claim_buffers(&mut conn, sql, full).await;
         assert!(
             asleep - before < 30,

@@ -263,6 +263,33 @@ mod tests {
     use super::QueuePlace;
     use chrono::{TimeZone, Utc};
 
+    /// The conditions (comments left out) on the lines after the line that
+    /// ends with `after`, up to the candidates' `ORDER BY`.
+    fn conditions<'a>(sql: &'a str, after: &str) -> Vec<&'a str> {
+        let mut lines = sql.lines().map(str::trim).skip_while(|l| !l.ends_with(after));
+        let first = lines.next().expect("the marker line");
+        let rest = lines.take_while(|l| !l.starts_with("ORDER BY")).filter(|l| !l.starts_with("--"));
+        // The marker line's own condition after the hint's, then the rest.
+        std::iter::once(first.rsplit_once(after).map_or("", |(_, c)| c)).chain(rest).collect()
+    }
+
+    /// Catches: the due read of a claim admitting runs its walk does not, or
+    /// the other way round (a run would be claimed or left depending on which
+    /// branch ran): the two lists of conditions are written twice in each
+    /// claim, and must stay the same.
+    #[test]
+    fn a_claims_due_read_and_walk_have_the_same_conditions() {
+        for sql in [include_str!("sql/claim_fast.sql"), include_str!("sql/claim.sql")] {
+            let due = conditions(sql, "WHERE NOT (SELECT p.backlog FROM p)");
+            let walk = conditions(
+                sql,
+                "WHERE ((SELECT p.backlog FROM p) OR (SELECT count(*) FROM due) > (SELECT p.n FROM p))",
+            );
+            assert!(due.len() >= 3, "the due read's conditions were not found: {due:?}");
+            assert_eq!(due, walk, "the due read's and the walk's conditions differ");
+        }
+    }
+
     #[test]
     fn queue_places_go_by_priority_then_due_time() {
         let at = |s| Utc.timestamp_opt(s, 0).unwrap();
