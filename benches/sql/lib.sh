@@ -9,3 +9,16 @@ migrated_db() {
   PGOPTIONS="-c client_min_messages=warning" psql -qc "DROP DATABASE IF EXISTS $1" -c "CREATE DATABASE $1"
   for f in migrations/*.sql; do psql -d "$1" -v ON_ERROR_STOP=1 -q -f "$f" >/dev/null; done
 }
+
+# Prints the fast claim for pgbench on one line: the statement in the SQL file
+# $1 (store/sql/claim_fast.sql, or an older version of it) with run_records.sql,
+# comments dropped, for function `f` at version 0, a 30 s lease and a fixed
+# worker; $2 is the runs it takes and $3 whether it expects a backlog (values,
+# or pgbench variables such as :n). A claim older than the hint has no $7.
+fast_claim_sql() {
+  sed -e 's/\$1/ARRAY['"'"'f'"'"']/g; s/\$2/'"$2"'/g; s/\$3/30/g' \
+      -e 's/\$4/'"'"'00000000-0000-0000-0000-000000000001'"'"'::uuid/g' \
+      -e 's/\$5/ARRAY['"'"'f'"'"']/g; s/\$6/ARRAY[0]/g; s/\$7/'"$3"'/g' \
+      "$1" crates/durastep/src/store/sql/run_records.sql | grep -v '^ *--' | tr '\n' ' '
+  echo ";"
+}

@@ -9,7 +9,7 @@
 # from that backlog (the rest still asleep), once as after a claim that came
 # back short (the due runs read first, then the walk) and once as after a
 # full one (the walk alone: the worker's hint, `store::Queue`).
-# pgbench, 1 client, the latency per claim. Plain psql, python3 and pgbench;
+# pgbench, 1 client, the latency per claim. Plain psql and pgbench;
 # no Rust build. From the repository root:
 #
 #   bash benches/sql/sleeping_claims.sh
@@ -37,24 +37,9 @@ tmp=$(mktemp -d)
 trap 'psql -qc "DROP DATABASE IF EXISTS $db"; rm -rf "$tmp"' EXIT
 migrated_db "$db"
 
-# The claim with its parameters filled in as pgbench's (function `f`,
-# version 0, a 30 s lease), comments dropped.
-python3 - "$claim_sql" crates/durastep/src/store/sql/run_records.sql >"$tmp/claim.sql" <<'PY'
-import sys
-text = "".join(open(path).read() for path in sys.argv[1:])
-sql = " ".join(l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("--"))
-params = {
-    "$1::text[]": "'{f}'::text[]", "$2::bigint": ":n::bigint", "make_interval(secs => $3)": "make_interval(secs => 30)",
-    "$4::uuid": "'00000000-0000-0000-0000-000000000001'::uuid", "$5::text[]": "'{f}'::text[]",
-    "$6::int[]": "'{0}'::int[]",
-}
-for param, value in params.items():
-    assert param in sql, param
-    sql = sql.replace(param, value)
-# The worker's hint (since 2026-12-04; a claim before it has none).
-sql = sql.replace("$7::boolean", ":backlog::boolean")
-print(sql + ";")
-PY
+# The claim with its parameters filled in, the runs it takes and its hint as
+# pgbench variables.
+fast_claim_sql "$claim_sql" :n :backlog >"$tmp/claim.sql"
 
 psql -d "$db" -q -v ON_ERROR_STOP=1 <<SQL
 INSERT INTO durastep.functions (id, triggers, max_attempts) VALUES ('f', ARRAY['go'], 3);

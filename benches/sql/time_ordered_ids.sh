@@ -35,13 +35,7 @@ SELECT run_id, 'f', event_id, 'queued', now() - interval '1 hour' + g * interval
 SQL
     psql -d "$db" -qc "VACUUM ANALYZE" -c "CHECKPOINT"
 done
-{
-    sed -e 's/\$1/ARRAY['"'"'f'"'"']/g; s/\$2/32/g; s/\$3/30/g; s/\$4/'"'"'00000000-0000-0000-0000-000000000001'"'"'::uuid/g' \
-        -e 's/\$5/ARRAY['"'"'f'"'"']/g; s/\$6/ARRAY[0]/g; s/\$7/true/g' \
-        crates/durastep/src/store/sql/claim_fast.sql crates/durastep/src/store/sql/run_records.sql |
-        grep -v '^ *--' | tr '\n' ' '
-    echo ";"
-} >"$tmp/claim.sql"
+fast_claim_sql crates/durastep/src/store/sql/claim_fast.sql 32 true >"$tmp/claim.sql"
 echo "| round | ids | claim of 32, mean latency |"
 echo "|---|---|---|"
 for round in 1 2 3; do
