@@ -33,7 +33,7 @@ use crate::store::{self, ClaimedRun, Fence, PendingWrite, WriteOutcome};
 /// ```
 /// use std::time::Duration;
 /// let opts = durastep::WorkerOptions { max_in_flight: 256, lease: Duration::from_secs(60), ..Default::default() };
-/// assert_eq!(opts.claim_batch, 128);
+/// assert_eq!((opts.claim_batch, opts.claim_ahead), (128, 64));
 /// ```
 #[derive(Debug, Clone)]
 // Not #[non_exhaustive]: build it with `..Default::default()`, so new fields stay compatible.
