@@ -13,12 +13,17 @@ migrated_db() {
 # Prints the fast claim for pgbench on one line: the statement in the SQL file
 # $1 (store/sql/claim_fast.sql, or an older version of it) with run_records.sql,
 # comments dropped, for function `f` at version 0, a 30 s lease and a fixed
-# worker; $2 is the runs it takes and $3 whether it expects a backlog (values,
-# or pgbench variables such as :n). A claim older than the hint has no $7.
+# worker; $2 is the runs it takes (a value, or a pgbench variable such as :n)
+# and $3 which claim the worker sends: `few` (after a short claim: the whole
+# text, the due runs read first) or `backlog` (after a full one: the text
+# without its lines that end with `-- few`). A claim older than 2026-12-04
+# has no such lines: both are the same.
 fast_claim_sql() {
-  sed -e 's/\$1/ARRAY['"'"'f'"'"']/g; s/\$2/'"$2"'/g; s/\$3/30/g' \
+  local few='s/ *-- few$//'
+  if [ "$3" = backlog ]; then few='/-- few$/d'; fi
+  sed -e "$few" -e 's/\$1/ARRAY['"'"'f'"'"']/g; s/\$2/'"$2"'/g; s/\$3/30/g' \
       -e 's/\$4/'"'"'00000000-0000-0000-0000-000000000001'"'"'::uuid/g' \
-      -e 's/\$5/ARRAY['"'"'f'"'"']/g; s/\$6/ARRAY[0]/g; s/\$7/'"$3"'/g' \
+      -e 's/\$5/ARRAY['"'"'f'"'"']/g; s/\$6/ARRAY[0]/g' \
       "$1" crates/durastep/src/store/sql/run_records.sql | grep -v '^ *--' | tr '\n' ' '
   echo ";"
 }

@@ -64,17 +64,21 @@ statements = [
      "ARRAY[gen_random_uuid()], ARRAY[1::bigint], ARRAY['k'], ARRAY['1'], '{}', '{}', '{}', "
      "ARRAY[now()], ARRAY[now()], ARRAY[1], ARRAY[0], ARRAY['step']"),
     ("claim_fast", open("crates/durastep/src/store/sql/claim_fast.sql").read() + open("crates/durastep/src/store/sql/run_records.sql").read(),
-     "text[], int8, float8, uuid, text[], int[], boolean",
-     "ARRAY['f'], 32, 30, gen_random_uuid(), ARRAY['f'], ARRAY[0], false"),
+     "text[], int8, float8, uuid, text[], int[]",
+     "ARRAY['f'], 32, 30, gen_random_uuid(), ARRAY['f'], ARRAY[0]"),
     ("next_due_in", re.search(r'fn next_due_in.*?query_scalar\(\s*"(.*?)",', open("crates/durastep/src/store/claim.rs").read(), re.S).group(1),
      "text[], text[], int[]", "ARRAY['f'], ARRAY['f'], ARRAY[0]"),
     ("send_events", "SELECT count(*) FROM durastep.send_events($1, $2, $3, $4, $5, $6)",
      "uuid[], text[], text[], text[], timestamptz[], int[]",
      "ARRAY[gen_random_uuid()], ARRAY['go'], ARRAY['{}'], ARRAY[NULL::text], ARRAY[NULL::timestamptz], ARRAY[0]"),
     ("claim", open("crates/durastep/src/store/sql/claim.sql").read() + open("crates/durastep/src/store/sql/run_records.sql").read(),
-     "text[], int8, float8, uuid, float8, text[], int[], boolean",
-     "ARRAY['f'], 32, 30, gen_random_uuid(), 1.0, ARRAY['f'], ARRAY[0], false"),
+     "text[], int8, float8, uuid, float8, text[], int[]",
+     "ARRAY['f'], 32, 30, gen_random_uuid(), 1.0, ARRAY['f'], ARRAY[0]"),
 ]
+# Each claim also as the worker sends it after a full one: without its lines
+# that end with `-- few` (store/claim.rs).
+statements += [(name + "_walk", "\n".join(l for l in sql.splitlines() if not l.rstrip().endswith("-- few")), types, args)
+               for name, sql, types, args in statements if name.startswith("claim")]
 out = []
 for name, sql, types, args in statements:
     out += ["\\timing off", f"PREPARE {name}({types}) AS {sql};"]

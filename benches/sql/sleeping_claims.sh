@@ -8,7 +8,7 @@
 # Then "busy": 200,000 of them made due, each round claiming for a second
 # from that backlog (the rest still asleep), once as after a claim that came
 # back short (the due runs read first, then the walk) and once as after a
-# full one (the walk alone: the worker's hint, `store::Queue`).
+# full one (the walk alone: the worker sends that statement, `store::Queue`).
 # pgbench, 1 client, the latency per claim. Plain psql and pgbench;
 # no Rust build. From the repository root:
 #
@@ -37,9 +37,10 @@ tmp=$(mktemp -d)
 trap 'psql -qc "DROP DATABASE IF EXISTS $db"; rm -rf "$tmp"' EXIT
 migrated_db "$db"
 
-# The claim with its parameters filled in, the runs it takes and its hint as
-# pgbench variables.
-fast_claim_sql "$claim_sql" :n :backlog >"$tmp/claim.sql"
+# The claim with its parameters filled in (the runs it takes as a pgbench
+# variable), as sent after a short claim and after a full one.
+fast_claim_sql "$claim_sql" :n few >"$tmp/few.sql"
+fast_claim_sql "$claim_sql" :n backlog >"$tmp/backlog.sql"
 
 psql -d "$db" -q -v ON_ERROR_STOP=1 <<SQL
 INSERT INTO durastep.functions (id, triggers, max_attempts) VALUES ('f', ARRAY['go'], 3);
@@ -50,18 +51,18 @@ INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempt
 VACUUM ANALYZE durastep.runs;
 SQL
 
-# Claims for $1 seconds, expecting a backlog ($2: true or false).
+# Claims for $1 seconds, as after a short claim ($2 = few) or a full one ($2 = backlog).
 claims() {
-  pgbench -d "$db" -n -M prepared -D n=128 -D backlog="$2" -f "$tmp/claim.sql" -T "$1" -c 1 2>&1 \
+  pgbench -d "$db" -n -M prepared -D n=128 -f "$tmp/$2.sql" -T "$1" -c 1 2>&1 \
     | sed -n 's/^latency average = \(.*\)$/\1 per claim/p'
 }
 for round in $(seq "$rounds"); do
-  echo "idle, $sleeping runs asleep, round $round: $(claims "$secs" false)"
+  echo "idle, $sleeping runs asleep, round $round: $(claims "$secs" few)"
 done
 psql -d "$db" -q -c "UPDATE durastep.runs SET state = 'queued', run_at = now() - random() * interval '1 hour'
                       WHERE id IN (SELECT id FROM durastep.runs ORDER BY id LIMIT 200000)" -c "VACUUM ANALYZE durastep.runs"
 for round in $(seq "$rounds"); do
-  for backlog in false true; do
-    echo "busy, claims of 128 from a backlog of 200,000 due beside the sleeping runs, expecting a backlog: $backlog, round $round: $(claims 1 "$backlog")"
+  for claim in few backlog; do
+    echo "busy, claims of 128 from a backlog of 200,000 due beside the sleeping runs, sent as after a $([ $claim = few ] && echo short || echo full) claim, round $round: $(claims 1 "$claim")"
   done
 done

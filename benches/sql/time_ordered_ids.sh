@@ -35,7 +35,7 @@ SELECT run_id, 'f', event_id, 'queued', now() - interval '1 hour' + g * interval
 SQL
     psql -d "$db" -qc "VACUUM ANALYZE" -c "CHECKPOINT"
 done
-fast_claim_sql crates/durastep/src/store/sql/claim_fast.sql 32 true >"$tmp/claim.sql"
+fast_claim_sql crates/durastep/src/store/sql/claim_fast.sql 32 backlog >"$tmp/claim.sql"
 echo "| round | ids | claim of 32, mean latency |"
 echo "|---|---|---|"
 for round in 1 2 3; do

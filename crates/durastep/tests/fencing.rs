@@ -367,7 +367,6 @@ async fn the_fast_claim_alone_commits_asynchronously(_p: PgPoolOptions, opts: Pg
     .bind(uuid::Uuid::new_v4())
     .bind(vec!["f"])
     .bind(vec![0_i32])
-    .bind(false)
     .fetch_all(&mut *tx)
     .await
     .expect("claim");

@@ -14,8 +14,10 @@ use sqlx::{Connection, PgConnection};
 
 const EXECUTIONS: i64 = 12;
 
-/// The two claim statements as the worker sends them: name, text, and
-/// whether it is the full claim (which takes one more parameter).
+/// The two claims as the worker sends them after a short claim (the due runs
+/// read first; after a full one, the same text without its due read:
+/// `both_ways`): name, text, and whether it is the full claim (which takes
+/// one more parameter).
 const CLAIMS: [(&str, &str, bool); 2] = [
     (
         "the full claim",
@@ -32,17 +34,20 @@ const CLAIMS: [(&str, &str, bool); 2] = [
 /// Runs `sql` (a claim of 1 to 32 runs of `function`) `EXECUTIONS` times
 /// on one connection and returns the number of custom and generic plans
 /// Postgres made for it.
-async fn plans_of(conn: &mut PgConnection, sql: &'static str, full: bool, function: &str) -> (i64, i64) {
+async fn plans_of(conn: &mut PgConnection, sql: &str, full: bool, function: &str) -> (i64, i64) {
     let worker = uuid::Uuid::new_v4();
     for i in 0..EXECUTIONS {
         // A worker asks for as many runs as it has room for: 1 to 32.
         let limit = 1 + (i * 7) % 32;
-        let mut q = sqlx::query(sql).bind(vec![function]).bind(limit).bind(30.0f64).bind(worker);
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .bind(vec![function])
+            .bind(limit)
+            .bind(30.0f64)
+            .bind(worker);
         if full {
             q = q.bind(1.0f64);
         }
-        // Expecting a backlog or not, as the worker's last claim came back.
-        q.bind(vec![function]).bind(vec![0i32]).bind(i % 2 == 0).execute(&mut *conn).await.expect("claim");
+        q.bind(vec![function]).bind(vec![0i32]).execute(&mut *conn).await.expect("claim");
     }
     sqlx::query_as(
         "SELECT custom_plans, generic_plans FROM pg_prepared_statements
@@ -52,6 +57,12 @@ async fn plans_of(conn: &mut PgConnection, sql: &'static str, full: bool, functi
     .fetch_one(&mut *conn)
     .await
     .expect("the claim's prepared statement")
+}
+
+/// A claim statement as the worker sends it after a short claim (`sql`, the
+/// due runs read first) and after a full one (the walk alone).
+fn both_ways(sql: &str) -> [(&'static str, String); 2] {
+    [("after a short claim", sql.to_owned()), ("after a full claim", common::walk_only(sql))]
 }
 
 /// Catches: a claim statement that reads its parameters directly, so that its
@@ -85,11 +96,13 @@ async fn the_claims_keep_a_generic_plan(_p: PgPoolOptions, opts: PgConnectOption
     let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
     sqlx::query("ANALYZE").execute(&mut conn).await.expect("analyze");
     for (name, sql, full) in CLAIMS {
-        let (custom, generic) = plans_of(&mut conn, sql, full, "f").await;
-        assert!(
-            custom <= 5 && generic >= EXECUTIONS - 5,
-            "{name} was planned for its values {custom} times in {EXECUTIONS} executions ({generic} generic)"
-        );
+        for (way, sql) in both_ways(sql) {
+            let (custom, generic) = plans_of(&mut conn, &sql, full, "f").await;
+            assert!(
+                custom <= 5 && generic >= EXECUTIONS - 5,
+                "{name} {way} was planned for its values {custom} times in {EXECUTIONS} executions ({generic} generic)"
+            );
+        }
     }
 }
 
@@ -121,7 +134,10 @@ async fn the_full_claim_keeps_a_generic_plan_under_flow_control(_p: PgPoolOption
     let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
     sqlx::query("ANALYZE").execute(&mut conn).await.expect("analyze");
     let (_, sql, full) = CLAIMS[0];
-    let (custom, generic) = plans_of(&mut conn, sql, full, "g").await;
+    let mut plans = Vec::new();
+    for (way, sql) in both_ways(sql) {
+        plans.push((way, plans_of(&mut conn, &sql, full, "g").await));
+    }
     // The claims went through the flow rules: some runs started, never
     // more than two per account.
     let (running, most): (i64, i64) = sqlx::query_as(
@@ -133,10 +149,12 @@ async fn the_full_claim_keeps_a_generic_plan_under_flow_control(_p: PgPoolOption
     .await
     .expect("running runs");
     assert!(running > 0 && most <= 2, "{running} accounts running, at most {most} runs on one");
-    assert!(
-        custom <= 5 && generic >= EXECUTIONS - 5,
-        "the full claim under flow control was planned for its values {custom} times in {EXECUTIONS} executions ({generic} generic)"
-    );
+    for (way, (custom, generic)) in plans {
+        assert!(
+            custom <= 5 && generic >= EXECUTIONS - 5,
+            "the full claim {way} under flow control was planned for its values {custom} times in {EXECUTIONS} executions ({generic} generic)"
+        );
+    }
 }
 
 /// Index entries of `runs_running` read so far, as the statistics have them.
@@ -217,15 +235,14 @@ async fn a_flush_reads_only_its_own_runs(_p: PgPoolOptions, opts: PgConnectOptio
 /// connection keeps it, inside a transaction that is rolled back.
 async fn idle_claim_buffers(conn: &mut PgConnection, sql: &'static str, full: bool) -> i64 {
     let types = if full {
-        "text[], bigint, float8, uuid, float8, text[], int[], boolean"
+        "text[], bigint, float8, uuid, float8, text[], int[]"
     } else {
-        "text[], bigint, float8, uuid, text[], int[], boolean"
+        "text[], bigint, float8, uuid, text[], int[]"
     };
-    // Not expecting a backlog: the worker's last claim was not full.
     let args = if full {
-        "'{f}', 64, 30, gen_random_uuid(), 1, '{f}', '{0}', false"
+        "'{f}', 64, 30, gen_random_uuid(), 1, '{f}', '{0}'"
     } else {
-        "'{f}', 64, 30, gen_random_uuid(), '{f}', '{0}', false"
+        "'{f}', 64, 30, gen_random_uuid(), '{f}', '{0}'"
     };
     sqlx::raw_sql("SET plan_cache_mode = force_generic_plan; BEGIN").execute(&mut *conn).await.expect("begin");
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE idle_claim ({types}) AS {sql}")))

@@ -2,6 +2,7 @@
 //! [`Fence`] is made.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -124,7 +125,7 @@ pub(crate) async fn claim_runnable(
     worker_id: Uuid,
     queue: Queue,
 ) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
-    let rows = sqlx::query(concat!(include_str!("sql/claim.sql"), include_str!("sql/run_records.sql")))
+    let rows = sqlx::query(queue.statement(FULL, &FULL_WALK))
         .bind(&functions.ids)
         .bind(limit)
         .bind(secs(lease))
@@ -132,7 +133,6 @@ pub(crate) async fn claim_runnable(
         .bind(secs(crate::flow::PARK_RECHECK))
         .bind(&functions.version_ids)
         .bind(&functions.versions)
-        .bind(queue == Queue::Backlog)
         .fetch_all(pool)
         .await?;
     claimed_runs(rows, Records::Stored)
@@ -152,32 +152,63 @@ pub(crate) async fn claim_fast(
     worker_id: Uuid,
     queue: Queue,
 ) -> Result<(Vec<ClaimedRun>, i64), sqlx::Error> {
-    let rows = sqlx::query(concat!(include_str!("sql/claim_fast.sql"), include_str!("sql/run_records.sql")))
+    let rows = sqlx::query(queue.statement(FAST, &FAST_WALK))
         .bind(&functions.ids)
         .bind(limit)
         .bind(secs(lease))
         .bind(worker_id)
         .bind(&functions.version_ids)
         .bind(&functions.versions)
-        .bind(queue == Queue::Backlog)
         .fetch_all(pool)
         .await?;
     claimed_runs(rows, Records::Stored)
 }
 
-/// What a worker expects to find when it claims: which way the claim looks
-/// for its runs. Either way it claims the same runs; only the reads differ.
+/// What a worker expects to find when it claims: which statement it sends.
+/// Either claims the same runs; only the reads differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Queue {
     /// The last claim of this class came back full: more runs are likely due
     /// than this one takes, so it walks `runs_due` in priority order at once
-    /// (the walk stops once it has its runs).
+    /// (the walk stops once it has its runs): the claim's text without its
+    /// due read ([`walk_only`]).
     Backlog,
     /// Fewer runs were due than the last claim asked for (or this is the
     /// first): it reads the due runs in due order first and takes the best of
     /// them when they all fit, instead of a walk that would read the entry of
-    /// every sleeping and waiting run.
+    /// every sleeping and waiting run; it walks only when more are due. The
+    /// claim's whole text.
     Few,
+}
+
+impl Queue {
+    /// The claim to send: `whole` after a short claim, `walk` after a full one.
+    fn statement(self, whole: &'static str, walk: &'static LazyLock<String>) -> &'static str {
+        match self {
+            Queue::Few => whole,
+            Queue::Backlog => walk.as_str(),
+        }
+    }
+}
+
+/// The full claim, whole.
+const FULL: &str = concat!(include_str!("sql/claim.sql"), include_str!("sql/run_records.sql"));
+/// The fast claim, whole.
+const FAST: &str = concat!(include_str!("sql/claim_fast.sql"), include_str!("sql/run_records.sql"));
+/// The full claim sent when a backlog is expected.
+static FULL_WALK: LazyLock<String> = LazyLock::new(|| walk_only(FULL));
+/// The fast claim sent when a backlog is expected.
+static FAST_WALK: LazyLock<String> = LazyLock::new(|| walk_only(FAST));
+
+/// What marks a line of a claim's text that only the claim after a short one
+/// has (its due read, and what chooses between it and the walk).
+const FEW_ONLY: &str = "-- few";
+
+/// A claim's text without its due read: every line that ends with
+/// [`FEW_ONLY`] left out (the walk of `runs_due` alone, as every claim was
+/// before 2026-12-04).
+fn walk_only(whole: &str) -> String {
+    whole.lines().filter(|l| !l.trim_end().ends_with(FEW_ONLY)).flat_map(|l| [l, "\n"]).collect()
 }
 
 /// What the rows of a claim carry of their runs' steps and journal.
@@ -260,33 +291,50 @@ pub(crate) async fn count_due_runs(pool: &PgPool, functions: &[String]) -> Resul
 
 #[cfg(test)]
 mod tests {
-    use super::QueuePlace;
+    use super::{FAST, FEW_ONLY, FULL, QueuePlace, walk_only};
     use chrono::{TimeZone, Utc};
 
-    /// The conditions (comments left out) on the lines after the line that
-    /// ends with `after`, up to the candidates' `ORDER BY`.
-    fn conditions<'a>(sql: &'a str, after: &str) -> Vec<&'a str> {
-        let mut lines = sql.lines().map(str::trim).skip_while(|l| !l.ends_with(after));
-        let first = lines.next().expect("the marker line");
-        let rest = lines.take_while(|l| !l.starts_with("ORDER BY")).filter(|l| !l.starts_with("--"));
-        // The marker line's own condition after the hint's, then the rest.
-        std::iter::once(first.rsplit_once(after).map_or("", |(_, c)| c)).chain(rest).collect()
+    /// The conditions of the scan whose `WHERE` is the first after the line
+    /// that holds `from`, up to its `ORDER BY` (trimmed, comments and the
+    /// `-- few` marks left out).
+    fn conditions(sql: &str, from: &str) -> Vec<String> {
+        sql.lines()
+            .skip_while(|l| !l.contains(from))
+            .map(|l| l.trim_end().trim_end_matches(FEW_ONLY).trim())
+            .skip_while(|l| !l.starts_with("WHERE "))
+            .take_while(|l| !l.starts_with("ORDER BY"))
+            .filter(|l| !l.starts_with("--"))
+            .map(|l| l.trim_start_matches("WHERE ").trim_start_matches("AND ").to_owned())
+            .collect()
     }
 
     /// Catches: the due read of a claim admitting runs its walk does not, or
     /// the other way round (a run would be claimed or left depending on which
-    /// branch ran): the two lists of conditions are written twice in each
-    /// claim, and must stay the same.
+    /// way the claim took): the two lists of conditions are written twice in
+    /// each claim, and must stay the same.
     #[test]
     fn a_claims_due_read_and_walk_have_the_same_conditions() {
-        for sql in [include_str!("sql/claim_fast.sql"), include_str!("sql/claim.sql")] {
-            let due = conditions(sql, "WHERE NOT (SELECT p.backlog FROM p)");
-            let walk = conditions(
-                sql,
-                "WHERE ((SELECT p.backlog FROM p) OR (SELECT count(*) FROM due) > (SELECT p.n FROM p))",
-            );
+        for (whole, walk_from) in [(FAST, "SELECT c.id FROM durastep.runs c"), (FULL, "cand AS MATERIALIZED")] {
+            let due = conditions(whole, "due AS MATERIALIZED");
+            let walk = conditions(&walk_only(whole), walk_from);
             assert!(due.len() >= 3, "the due read's conditions were not found: {due:?}");
             assert_eq!(due, walk, "the due read's and the walk's conditions differ");
+        }
+    }
+
+    /// Catches: a claim sent when a backlog is expected that still reads the
+    /// due runs (or keeps a part of the choice between the two ways, which
+    /// would not parse), and a mark that left out a line the walk needs.
+    #[test]
+    fn the_claim_after_a_full_one_is_the_walk_alone() {
+        for whole in [FAST, FULL] {
+            let walk = walk_only(whole);
+            assert!(whole.contains("FROM due"), "the whole claim reads the due runs");
+            for gone in ["FROM due", "due AS", "UNION ALL"] {
+                assert!(!walk.contains(gone), "{gone:?} is in the walk alone");
+            }
+            assert_eq!(walk.matches('(').count(), walk.matches(')').count(), "parentheses");
+            assert!(walk.contains("ORDER BY") && walk.contains("SKIP LOCKED"));
         }
     }
 

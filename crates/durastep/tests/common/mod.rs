@@ -300,6 +300,12 @@ pub async fn lease_of(engine: &Engine, run_id: Uuid) -> (i64, Option<Uuid>) {
 }
 
 /// `SELECT count(*)` of any query (a table name with an optional WHERE).
+/// A claim's text as the worker sends it after a claim that came back full:
+/// without the lines that end with `-- few` (its due read; `store::claim`).
+pub fn walk_only(sql: &str) -> String {
+    sql.lines().filter(|l| !l.trim_end().ends_with("-- few")).flat_map(|l| [l, "\n"]).collect()
+}
+
 pub async fn count(engine: &Engine, from: &str) -> i64 {
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {from}")))
         .fetch_one(engine.pool())

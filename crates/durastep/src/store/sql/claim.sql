@@ -2,10 +2,13 @@
 -- (concurrency, throttle, rate limit, back-pressure) decided in the same
 -- statement. $3: the lease in seconds; $4: the claiming worker; $5: how long a
 -- run parked by a concurrency rule waits before it is looked at again; $6, $7:
--- the (function, version) pairs the worker has a handler for; $8: whether the
--- worker expects a backlog (`store::Queue`, as in claim_fast.sql). Returns one row
+-- the (function, version) pairs the worker has a handler for. Returns one row
 -- per claimed run, and the count of runs it parked, skipped, woke or expired
 -- (`moved`; a row with a null id when it claimed none).
+--
+-- Two statements in one text, as claim_fast.sql: this one reads the due runs
+-- first (sent after a short claim); without its lines that end with `-- few`
+-- it walks `runs_due` alone (sent after a full claim).
 --
 -- Every parameter, read only through this CTE: a custom plan cannot see one,
 -- so it costs exactly what the generic plan costs and Postgres keeps the
@@ -16,52 +19,51 @@
 -- docs/performance.md "Plans kept, the ping before each statement").
 WITH p AS MATERIALIZED (
     SELECT $1::text[] AS functions, $2::bigint AS n, make_interval(secs => $3) AS lease, $4::uuid AS worker,
-           make_interval(secs => $5) AS recheck, $6::text[] AS version_ids, $7::int[] AS versions,
-           $8::boolean AS backlog),
--- Every run this claim may take that is due now, in due order, one more
--- than the claim takes at most: an index scan of `runs_next_due` ends at the
--- first run not yet due, however many runs sleep or wait behind it. Not read
--- when the worker expects a backlog.
-due AS MATERIALIZED (
-    SELECT id FROM durastep.runs
-     WHERE NOT (SELECT p.backlog FROM p)
-       AND state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
-       AND function_id = ANY ((SELECT p.functions FROM p)::text[])
-       -- Versions: only runs of a (function, version) this worker has a handler for.
-       AND (function_id, version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
-     ORDER BY run_at
-     LIMIT (SELECT p.n FROM p) + 1),
--- The due candidates, in priority then due order, skipping rows others hold,
--- taken one of two ways as in claim_fast.sql (the hint and the count of
--- `due` decide; the other is never executed): all of them fit in this claim,
--- so the best of `due`, locked by id (state and due time checked again on
--- the row version the lock returns); or more are due, or the worker expects
--- a backlog, so a walk of `runs_due`, which stops once it has the claim's runs.
+           make_interval(secs => $5) AS recheck, $6::text[] AS version_ids, $7::int[] AS versions),
+-- After a short claim: every run this claim may take that is due now, in
+-- due order, one more than the claim takes at most: an index scan of
+-- `runs_next_due` ends at the first run not yet due, however many runs
+-- sleep or wait behind it.
+due AS MATERIALIZED (                                                                     -- few
+    SELECT id FROM durastep.runs                                                          -- few
+     WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()        -- few
+       AND function_id = ANY ((SELECT p.functions FROM p)::text[])                        -- few
+       AND (function_id, version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v) -- few
+     ORDER BY run_at                                                                      -- few
+     LIMIT (SELECT p.n FROM p) + 1),                                                      -- few
+-- The due candidates, in priority then due order, skipping rows others hold:
+-- after a full claim a walk of `runs_due`, which stops once it has the
+-- claim's runs; after a short one, one of two ways as in claim_fast.sql (the
+-- count of `due` decides; the other is never executed): all of them fit in
+-- this claim, so the best of `due`, locked by id (state and due time checked
+-- again on the row version the lock returns); or more are due: the walk.
 cand AS MATERIALIZED (
-    SELECT a.* FROM (
+    SELECT a.* FROM (                                                                     -- few
+        SELECT id, function_id, event_id, priority, run_at,                               -- few
+               (started_at IS NULL AND start_by < durastep.now()) AS late,                -- few
+               (deadline_at < durastep.now()) AS overdue                                  -- few
+          FROM durastep.runs                                                              -- few
+         WHERE id IN (SELECT d.id FROM due d)                                             -- few
+           AND (SELECT count(*) FROM due) <= (SELECT p.n FROM p)                          -- few
+           AND state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()    -- few
+         ORDER BY priority DESC, run_at                                                   -- few
+         LIMIT (SELECT p.n FROM p)                                                        -- few
+         FOR UPDATE SKIP LOCKED) a                                                        -- few
+    UNION ALL                                                                             -- few
+    SELECT b.* FROM (                                                                     -- few
         SELECT id, function_id, event_id, priority, run_at,
                (started_at IS NULL AND start_by < durastep.now()) AS late,
                (deadline_at < durastep.now()) AS overdue
           FROM durastep.runs
-         WHERE id IN (SELECT d.id FROM due d)
-           AND NOT (SELECT p.backlog FROM p) AND (SELECT count(*) FROM due) <= (SELECT p.n FROM p)
-           AND state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
-         ORDER BY priority DESC, run_at
-         LIMIT (SELECT p.n FROM p)
-         FOR UPDATE SKIP LOCKED) a
-    UNION ALL
-    SELECT b.* FROM (
-        SELECT id, function_id, event_id, priority, run_at,
-               (started_at IS NULL AND start_by < durastep.now()) AS late,
-               (deadline_at < durastep.now()) AS overdue
-          FROM durastep.runs
-         WHERE ((SELECT p.backlog FROM p) OR (SELECT count(*) FROM due) > (SELECT p.n FROM p))
-           AND state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
+         WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
            AND function_id = ANY ((SELECT p.functions FROM p)::text[])
+           -- Versions: only runs of a (function, version) this worker has a handler for.
            AND (function_id, version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
          ORDER BY priority DESC, run_at
          LIMIT (SELECT p.n FROM p)
-         FOR UPDATE SKIP LOCKED) b),
+         FOR UPDATE SKIP LOCKED
+    ) b WHERE (SELECT count(*) FROM due) > (SELECT p.n FROM p)                               -- few
+    ),
 -- Candidates past their start or finish deadline are cancelled, not started.
 expired AS (
     UPDATE durastep.runs x

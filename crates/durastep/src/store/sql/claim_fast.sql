@@ -2,8 +2,17 @@
 -- claim-time flow rule (concurrency, throttle, rate limit, back-pressure).
 -- $3: the lease in seconds; $4: the claiming worker; $5, $6: the (function,
 -- version) pairs the worker has a handler for (a run started under another
--- version is left to a worker that has one); $7: whether the worker expects a
--- backlog (its last claim came back full; `store::Queue`).
+-- version is left to a worker that has one).
+--
+-- Two statements in one text (`store::Queue`). This text is the claim a
+-- worker sends after a claim of its class came back short: it reads the due
+-- runs first. The claim it sends after a full one, expecting a backlog, is
+-- this text without its lines that end with `-- few` (`store::claim`): the
+-- walk of `runs_due` alone, the statement every claim was before
+-- 2026-12-04. Two statements, not one with the hint as a parameter: the one
+-- statement with both ways cost busy drains 5-10% (planning it, and starting
+-- both branches' nodes on every execution), although a backlog runs only
+-- the walk (docs/performance.md "Two claim statements").
 --
 -- Written for a generic plan (Postgres plans it once per connection): the candidates are an
 -- array built by a sub-select that walks `runs_due` in priority then due
@@ -28,7 +37,7 @@
 -- execution (`tests/plans.rs`).
 WITH p AS MATERIALIZED (
     SELECT $1::text[] AS functions, $2::bigint AS n, make_interval(secs => $3) AS lease, $4::uuid AS worker,
-           $5::text[] AS version_ids, $6::int[] AS versions, $7::boolean AS backlog),
+           $5::text[] AS version_ids, $6::int[] AS versions),
 -- The clock, read once; and this claim's commit made asynchronous (it does
 -- not wait for its WAL flush). Safe because every claim moves the lease epoch
 -- forward by a random amount: a claim lost in a crash and made again by
@@ -37,36 +46,32 @@ WITH p AS MATERIALIZED (
 -- flushes the WAL past the claim first (docs/architecture.md "The claim's
 -- commit").
 t AS MATERIALIZED (SELECT durastep.now() AS now, set_config('synchronous_commit', 'off', true) AS commit_mode),
--- Every run this claim may take that is due now, in due order, one more
--- than the claim takes at most: an index scan of `runs_next_due` (ordered by
--- `run_at` alone) ends at the first run not yet due, however many runs sleep
--- or wait behind it. Not read when the worker expects a backlog. Its
--- conditions are the walk's below, which must stay alike: a run one of them
--- admits and the other not would be claimed or left depending on the branch.
-due AS MATERIALIZED (
-    SELECT c.id FROM durastep.runs c
-     WHERE NOT (SELECT p.backlog FROM p)
-       AND c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
-       AND c.function_id = ANY ((SELECT p.functions FROM p)::text[])
-       AND (c.function_id, c.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
-       AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id)
-       AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))
-       AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t))
-     ORDER BY c.run_at
-     LIMIT (SELECT p.n FROM p) + 1),
+-- After a short claim: every run this claim may take that is due now, in
+-- due order, one more than the claim takes at most: an index scan of
+-- `runs_next_due` (ordered by `run_at` alone) ends at the first run not yet
+-- due, however many runs sleep or wait behind it. Its conditions are the
+-- walk's below, which must stay alike: a run one of them admits and the
+-- other not would be claimed or left depending on the way taken.
+due AS MATERIALIZED (                                                                     -- few
+    SELECT c.id FROM durastep.runs c                                                      -- few
+     WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t) -- few
+       AND c.function_id = ANY ((SELECT p.functions FROM p)::text[])                      -- few
+       AND (c.function_id, c.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v) -- few
+       AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id) -- few
+       AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))                -- few
+       AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t)) -- few
+     ORDER BY c.run_at                                                                    -- few
+     LIMIT (SELECT p.n FROM p) + 1),                                                      -- few
 -- The due runs, under a new lease epoch: 1 to 2^31 above the last one, at
--- random. Highest priority first, then earliest due, taken one of two ways
--- (the hint and the count of `due` decide which one runs; the other is never
--- executed):
+-- random. Highest priority first, then earliest due. After a full claim: a
+-- walk of `runs_due` in priority then due order, which stops once it has
+-- the claim's runs. After a short one, one of two ways (the count of `due`
+-- decides; the other is never executed):
 -- * all of them fit in this claim: the best of `due`, locked by id (the
 --   state and due time checked again on the row version the lock returns);
--- * more are due, or the worker expects a backlog: a walk of `runs_due` in
---   priority then due order, which stops once it has the claim's runs. (It
---   walks every sleeping and waiting run's entry when fewer runs are due than
---   the claim asks for, as every claim did before 2026-12-04, whatever it
---   expected: docs/scaling.md "Sleeping runs". Under a backlog the walk
---   alone reads least: the due scan first cost four processes draining one
---   queue about 7% of their runs per second.)
+-- * more are due: the walk. (It walks every sleeping and waiting run's
+--   entry when fewer runs are due than the claim asks for: docs/scaling.md
+--   "Sleeping runs". Under a backlog the walk alone reads least.)
 claimed AS (
     UPDATE durastep.runs r
        SET state = 'running', lease_epoch = r.lease_epoch + 1 + floor(random() * 2147483648)::bigint,
@@ -74,27 +79,28 @@ claimed AS (
            worker_id = (SELECT p.worker FROM p), started_at = coalesce(r.started_at, (SELECT now FROM t)),
            park_rule = NULL, park_key = NULL, flow_held = NULL, history_noted = NOT r.history_noted
      WHERE r.id = ANY (ARRAY(
-            SELECT a.id FROM (
-                SELECT c.id FROM durastep.runs c
-                 WHERE c.id IN (SELECT d.id FROM due d)
-                   AND NOT (SELECT p.backlog FROM p) AND (SELECT count(*) FROM due) <= (SELECT p.n FROM p)
-                   AND c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
-                 ORDER BY c.priority DESC, c.run_at
-                 LIMIT (SELECT p.n FROM p)
-                 FOR UPDATE OF c SKIP LOCKED) a
-            UNION ALL
-            SELECT b.id FROM (
-                SELECT c.id FROM durastep.runs c
-                 WHERE ((SELECT p.backlog FROM p) OR (SELECT count(*) FROM due) > (SELECT p.n FROM p))
-                   AND c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
-                   AND c.function_id = ANY ((SELECT p.functions FROM p)::text[])
-                   AND (c.function_id, c.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
-                   AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id)
-                   AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))
-                   AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t))
-                 ORDER BY c.priority DESC, c.run_at
-                 LIMIT (SELECT p.n FROM p)
-                 FOR UPDATE OF c SKIP LOCKED) b))
+            SELECT a.id FROM (                                                            -- few
+                SELECT c.id FROM durastep.runs c                                          -- few
+                 WHERE c.id IN (SELECT d.id FROM due d)                                   -- few
+                   AND (SELECT count(*) FROM due) <= (SELECT p.n FROM p)                  -- few
+                   AND c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t) -- few
+                 ORDER BY c.priority DESC, c.run_at                                       -- few
+                 LIMIT (SELECT p.n FROM p)                                                -- few
+                 FOR UPDATE OF c SKIP LOCKED) a                                           -- few
+            UNION ALL                                                                     -- few
+            SELECT b.id FROM (                                                            -- few
+            SELECT c.id FROM durastep.runs c
+             WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
+               AND c.function_id = ANY ((SELECT p.functions FROM p)::text[])
+               AND (c.function_id, c.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
+               AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id)
+               AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))
+               AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t))
+             ORDER BY c.priority DESC, c.run_at
+             LIMIT (SELECT p.n FROM p)
+             FOR UPDATE OF c SKIP LOCKED
+            ) b WHERE (SELECT count(*) FROM due) > (SELECT p.n FROM p)                    -- few
+            ))
     RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch, r.parent_run_id, r.parent_step_key,
               r.priority, r.run_at),
 -- Their history rows.
