@@ -94,9 +94,10 @@ BEGIN
                     WHERE w.park_rule = s.rule AND w.park_key = s.key AND w.state = 'queued'
                       AND w.id NOT IN (SELECT pick.id FROM pick));
     IF short_rules IS NOT NULL THEN
-        -- Wait for the rows held, at most half of deadlock_timeout (and no
-        -- longer than the session's own lock_timeout, if it has one).
-        lock_wait := (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::bigint::text;
+        -- Wait for the rows held, at most half of deadlock_timeout (at least
+        -- 1 ms: 0 would mean no bound), and no longer than the session's own
+        -- lock_timeout, if it has one.
+        lock_wait := greatest((extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::bigint, 1)::text;
         IF current_setting('lock_timeout') <> '0' THEN
             lock_wait := least(lock_wait::bigint,
                                (extract(epoch FROM current_setting('lock_timeout')::interval) * 1000)::bigint)::text;
