@@ -316,3 +316,58 @@ async fn an_idle_claim_does_not_read_the_sleeping_runs(_p: PgPoolOptions, opts: 
         );
     }
 }
+
+/// Catches: a worker draining a backlog that sends the claim which reads the
+/// due runs first instead of the walk alone after a claim that came back
+/// full (the hint passed the wrong way, or not at all). Under a backlog the
+/// whole text scans an index of `runs` twice per claim (its due read, then
+/// the walk: which index each uses depends on the statistics), the walk
+/// alone once. 2,000 queued runs, claims of at most 16; each claim is
+/// counted by its time in the run history (one transaction, one clock
+/// reading) (docs/performance.md "Two claim statements").
+#[sqlx::test(migrations = false)]
+async fn a_draining_worker_sends_the_walk_alone(_p: PgPoolOptions, opts: PgConnectOptions) {
+    const RUNS: usize = 2000;
+    let handler = |_ctx: Ctx, v: Value| async move { Ok(v) };
+    // No reaper within the test: its queue-depth sample reads the due runs too.
+    let options = durastep::WorkerOptions {
+        claim_batch: 16,
+        claim_ahead: 0,
+        max_in_flight: 16,
+        reap_interval: std::time::Duration::from_secs(3_600),
+        ..common::fast_options()
+    };
+    let engine = common::engine_with(&opts, vec![Function::new("f").on_event("go").handler(handler)], options).await;
+    let seed: Vec<Event> = (0..RUNS).map(|i| Event::new("go", &i)).collect();
+    for chunk in seed.chunks(1000) {
+        engine.send_batch(chunk.to_vec()).await.expect("seed runs");
+    }
+    let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
+    sqlx::query("SELECT pg_stat_reset()").execute(&mut conn).await.expect("reset the statistics");
+    let worker = common::spawn_worker(&engine);
+    let left = "durastep.runs WHERE state <> 'completed'";
+    common::wait_until("the runs to complete", || async { common::count(&engine, left).await == 0 }).await;
+    worker.stop().await;
+    let claims =
+        common::count(&engine, "(SELECT DISTINCT at FROM durastep.run_history WHERE state = 'running') c").await;
+    // A backend's statistics reach the shared counters when it exits.
+    engine.pool().close().await;
+    let scans = "SELECT coalesce(sum(idx_scan), 0)::bigint FROM pg_stat_user_indexes
+                  WHERE indexrelname IN ('runs_due', 'runs_next_due')";
+    let seen = std::cell::Cell::new(0);
+    common::wait_until("the claims in the statistics", || {
+        let (opts, seen) = (opts.clone(), &seen);
+        async move {
+            let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
+            seen.set(sqlx::query_scalar(scans).fetch_one(&mut conn).await.expect("index scans"));
+            seen.get() >= claims
+        }
+    })
+    .await;
+    let seen = seen.get();
+    assert!(claims >= 100, "{claims} claims for {RUNS} runs of at most 16");
+    assert!(
+        seen < claims + claims / 2,
+        "{seen} scans of runs_due and runs_next_due for {claims} claims: the claims after full ones read the due runs first"
+    );
+}
