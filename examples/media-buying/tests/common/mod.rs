@@ -60,7 +60,29 @@ pub async fn world_with(opts: PgConnectOptions, tweak: impl FnOnce(&mut Settings
     let mut settings = Settings::new(sims.endpoints.clone());
     tweak(&mut settings);
     let (engine, services) = database::engine(pool.clone(), settings, fast()).await.expect("engine");
-    World { engine, pool, sims, services, url }
+    let world = World { engine, pool, sims, services, url };
+    world.clock_to(quiet_start()).await;
+    world
+}
+
+/// Where every world's clock starts: a Wednesday at 10:00 in Amsterdam, days
+/// from the Saturday summary and weeks from the quarterly rotation. A test
+/// that started at the wall clock's time and moved it on (a backoff, a
+/// Retry-After) fired a schedule whenever it ran just before one (the
+/// summary's page beside the one page a test counted, on a Saturday at 05:00
+/// UTC): tests move the clock from here, never from today.
+pub fn quiet_start() -> DateTime<Utc> {
+    first_next_year(1, chrono::Weekday::Wed, 10, 0)
+}
+
+/// The first `weekday` of `month` next year, at `h:min` in Amsterdam.
+fn first_next_year(month: u32, weekday: chrono::Weekday, h: u32, min: u32) -> DateTime<Utc> {
+    use chrono::{Datelike, NaiveDate};
+    let mut day = NaiveDate::from_ymd_opt(next_year(), month, 1).expect("a date");
+    while day.weekday() != weekday {
+        day = day.succ_opt().expect("a date");
+    }
+    amsterdam(day.year(), day.month(), day.day(), h, min)
 }
 
 impl World {
@@ -263,12 +285,7 @@ impl World {
 
 /// The first Friday of June next year, at 21:30 in Amsterdam (the story's 429).
 pub fn friday_2130() -> DateTime<Utc> {
-    use chrono::{Datelike, NaiveDate, Weekday};
-    let mut day = NaiveDate::from_ymd_opt(next_year(), 6, 1).expect("a date");
-    while day.weekday() != Weekday::Fri {
-        day = day.succ_opt().expect("a date");
-    }
-    amsterdam(day.year(), day.month(), day.day(), 21, 30)
+    first_next_year(6, chrono::Weekday::Fri, 21, 30)
 }
 
 /// Waits until the failure handler runs of `function_id` finished, and a
