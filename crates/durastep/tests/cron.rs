@@ -6,13 +6,28 @@ mod common;
 
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use chrono_tz::Europe::Amsterdam;
 use durastep::{CatchUp, CronTick, Ctx, Engine, Function, RunState, Schedule};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(y, mo, d, h, mi, s).unwrap()
+}
+
+/// The year the tests move the clock into: the next one, so that every date
+/// in it is ahead of the database clock whenever the tests run (a fixed year
+/// would make them fail once it has passed).
+fn year() -> i32 {
+    Utc::now().year() + 1
+}
+
+/// The day of the month of the last Sunday of `month` in `year()`: when
+/// Amsterdam moves its clocks (March forward, October back), at 01:00 UTC.
+fn last_sunday(month: u32) -> u32 {
+    let first_of_next = NaiveDate::from_ymd_opt(year(), month + 1, 1).unwrap();
+    let last = first_of_next.pred_opt().unwrap();
+    last.day() - last.weekday().num_days_from_sunday()
 }
 
 /// Moves the database clock forward to `at`.
@@ -71,53 +86,62 @@ async fn next_fire(engine: &Engine, function_id: &str) -> DateTime<Utc> {
         .unwrap()
 }
 
-/// Spring forward (2027-03-28, Amsterdam skips 02:00-03:00 CET): `30 2 * * *`
-/// fires once, at the first instant after the gap, 03:00 CEST = 01:00 UTC, not
-/// a second before; it does not fire again that day.
+/// Spring forward (the last Sunday of March, Amsterdam skips 02:00-03:00
+/// CET): `30 2 * * *` fires once, at the first instant after the gap, 03:00
+/// CEST = 01:00 UTC, not a second before; it does not fire again that day.
 #[sqlx::test(migrations = false)]
 async fn cron_0230_amsterdam_on_the_spring_forward_day(_p: PgPoolOptions, opts: PgConnectOptions) {
     common::init_logs();
+    let (y, d) = (year(), last_sunday(3));
     let engine = common::engine(&opts, vec![cron_fn("daily", "30 2 * * *", Amsterdam, CatchUp::Latest)]).await;
-    clock_to(&engine, utc(2027, 3, 27, 22, 0, 0)).await;
+    clock_to(&engine, utc(y, 3, d - 1, 22, 0, 0)).await;
     let w = common::spawn_worker(&engine);
     ticked(&engine, "daily").await;
-    assert_eq!(next_fire(&engine, "daily").await, utc(2027, 3, 28, 1, 0, 0));
-    clock_to(&engine, utc(2027, 3, 28, 0, 59, 59)).await;
+    assert_eq!(next_fire(&engine, "daily").await, utc(y, 3, d, 1, 0, 0));
+    clock_to(&engine, utc(y, 3, d, 0, 59, 59)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(fired(&engine, "daily").await.is_empty(), "fired before the gap's end");
-    clock_to(&engine, utc(2027, 3, 28, 1, 0, 1)).await;
+    clock_to(&engine, utc(y, 3, d, 1, 0, 1)).await;
     ticked(&engine, "daily").await;
-    assert_eq!(fired(&engine, "daily").await, vec![utc(2027, 3, 28, 1, 0, 0)]);
-    clock_to(&engine, utc(2027, 3, 28, 12, 0, 0)).await;
+    assert_eq!(fired(&engine, "daily").await, vec![utc(y, 3, d, 1, 0, 0)]);
+    clock_to(&engine, utc(y, 3, d, 12, 0, 0)).await;
     ticked(&engine, "daily").await;
     let runs = common::runs_of(&engine, "daily").await;
     assert_eq!(runs.len(), 1);
     let run = common::finished(&engine, runs[0]).await;
     w.stop().await;
     assert_eq!(run.state, RunState::Completed);
-    assert_eq!(run.output, Some(serde_json::json!("2027-03-28T01:00:00Z")), "the input carries the fire time");
-    assert_eq!(next_fire(&engine, "daily").await, utc(2027, 3, 29, 0, 30, 0), "back to 02:30 CEST");
+    assert_eq!(run.output, Some(serde_json::json!(utc(y, 3, d, 1, 0, 0))), "the input carries the fire time");
+    assert_eq!(
+        next_fire(&engine, "daily").await,
+        utc(y, 3, d, 0, 30, 0) + chrono::Duration::days(1),
+        "back to 02:30 CEST"
+    );
 }
 
-/// Fall back (2027-10-31, 02:00-03:00 happens twice): `30 2 * * *` fires once,
-/// at the earlier 02:30 (CEST, 00:30 UTC), and not again at 02:30 CET (01:30 UTC).
+/// Fall back (the last Sunday of October, 02:00-03:00 happens twice): `30 2 *
+/// * *` fires once, at the earlier 02:30 (CEST, 00:30 UTC), and not again at
+/// 02:30 CET (01:30 UTC).
 #[sqlx::test(migrations = false)]
 async fn cron_0230_amsterdam_on_the_fall_back_day(_p: PgPoolOptions, opts: PgConnectOptions) {
     common::init_logs();
+    let (y, d) = (year(), last_sunday(10));
+    // The day after may be in November.
+    let after = utc(y, 10, d, 1, 30, 0) + chrono::Duration::days(1);
     let engine = common::engine(&opts, vec![cron_fn("daily", "30 2 * * *", Amsterdam, CatchUp::Latest)]).await;
-    clock_to(&engine, utc(2027, 10, 30, 21, 0, 0)).await;
+    clock_to(&engine, utc(y, 10, d - 1, 21, 0, 0)).await;
     let w = common::spawn_worker(&engine);
     ticked(&engine, "daily").await;
-    assert_eq!(next_fire(&engine, "daily").await, utc(2027, 10, 31, 0, 30, 0));
-    clock_to(&engine, utc(2027, 10, 31, 0, 30, 1)).await;
+    assert_eq!(next_fire(&engine, "daily").await, utc(y, 10, d, 0, 30, 0));
+    clock_to(&engine, utc(y, 10, d, 0, 30, 1)).await;
     ticked(&engine, "daily").await;
-    assert_eq!(fired(&engine, "daily").await, vec![utc(2027, 10, 31, 0, 30, 0)]);
-    clock_to(&engine, utc(2027, 10, 31, 1, 30, 1)).await;
+    assert_eq!(fired(&engine, "daily").await, vec![utc(y, 10, d, 0, 30, 0)]);
+    clock_to(&engine, utc(y, 10, d, 1, 30, 1)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     ticked(&engine, "daily").await;
     w.stop().await;
-    assert_eq!(fired(&engine, "daily").await, vec![utc(2027, 10, 31, 0, 30, 0)], "fired on both passes of 02:30");
-    assert_eq!(next_fire(&engine, "daily").await, utc(2027, 11, 1, 1, 30, 0), "02:30 CET from now on");
+    assert_eq!(fired(&engine, "daily").await, vec![utc(y, 10, d, 0, 30, 0)], "fired on both passes of 02:30");
+    assert_eq!(next_fire(&engine, "daily").await, after, "02:30 CET from now on");
 }
 
 /// Six engines, each with its own worker, tick one every-minute schedule at
@@ -182,22 +206,22 @@ async fn missed_fire_times_follow_the_catch_up_policy(_p: PgPoolOptions, opts: P
         ],
     )
     .await;
-    clock_to(&engine, utc(2027, 6, 1, 9, 30, 0)).await;
+    clock_to(&engine, utc(year(), 6, 1, 9, 30, 0)).await;
     let w = common::spawn_worker(&engine);
     ticked(&engine, "latest").await;
     ticked(&engine, "each").await;
     w.stop().await;
-    clock_to(&engine, utc(2027, 6, 1, 14, 40, 0)).await;
+    clock_to(&engine, utc(year(), 6, 1, 14, 40, 0)).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(fired(&engine, "latest").await.is_empty(), "fired with no worker up");
     let w = common::spawn_worker(&engine);
     ticked(&engine, "latest").await;
     ticked(&engine, "each").await;
     w.stop().await;
-    assert_eq!(fired(&engine, "latest").await, vec![utc(2027, 6, 1, 14, 0, 0)]);
+    assert_eq!(fired(&engine, "latest").await, vec![utc(year(), 6, 1, 14, 0, 0)]);
     assert_eq!(
         fired(&engine, "each").await,
-        vec![utc(2027, 6, 1, 12, 0, 0), utc(2027, 6, 1, 13, 0, 0), utc(2027, 6, 1, 14, 0, 0)]
+        vec![utc(year(), 6, 1, 12, 0, 0), utc(year(), 6, 1, 13, 0, 0), utc(year(), 6, 1, 14, 0, 0)]
     );
 }
 
@@ -220,10 +244,11 @@ async fn invalid_cron_expression_is_refused(_p: PgPoolOptions, opts: PgConnectOp
 async fn story_b_tiktok_push_wakes_after_utc_midnight(_p: PgPoolOptions, opts: PgConnectOptions) {
     common::init_logs();
     let literal = Schedule::new("30 1 * * *", Amsterdam).unwrap();
-    let winter = Amsterdam.with_ymd_and_hms(2027, 1, 14, 23, 55, 0).unwrap();
-    let summer = Amsterdam.with_ymd_and_hms(2027, 7, 14, 23, 55, 0).unwrap();
-    assert_eq!(literal.next_after(winter), Some(utc(2027, 1, 15, 0, 30, 0)), "winter: after the reset");
-    assert_eq!(literal.next_after(summer), Some(utc(2027, 7, 14, 23, 30, 0)), "summer: 30 min BEFORE the reset");
+    let y = year();
+    let winter = Amsterdam.with_ymd_and_hms(y, 1, 14, 23, 55, 0).unwrap();
+    let summer = Amsterdam.with_ymd_and_hms(y, 7, 14, 23, 55, 0).unwrap();
+    assert_eq!(literal.next_after(winter), Some(utc(y, 1, 15, 0, 30, 0)), "winter: after the reset");
+    assert_eq!(literal.next_after(summer), Some(utc(y, 7, 14, 23, 30, 0)), "summer: 30 min BEFORE the reset");
 
     let f = Function::new("tiktok-bump").on_event("bump").handler(|ctx: Ctx, _: ()| async move {
         let after_reset = Schedule::new("30 0 * * *", chrono_tz::UTC)
@@ -235,7 +260,7 @@ async fn story_b_tiktok_push_wakes_after_utc_midnight(_p: PgPoolOptions, opts: P
     });
     let engine = common::engine(&opts, vec![f]).await;
     let w = common::spawn_worker(&engine);
-    for (day, reset) in [(winter, utc(2027, 1, 15, 0, 0, 0)), (summer, utc(2027, 7, 15, 0, 0, 0))] {
+    for (day, reset) in [(winter, utc(y, 1, 15, 0, 0, 0)), (summer, utc(y, 7, 15, 0, 0, 0))] {
         clock_to(&engine, day.with_timezone(&Utc)).await;
         let id = engine.send(durastep::Event::new("bump", &())).await.unwrap().run_ids[0];
         let run = common::wait_for_run_where(&engine, id, "sleeping", |r| r.state == RunState::Sleeping).await;
@@ -257,12 +282,12 @@ async fn a_repeated_tick_creates_no_second_run(_p: PgPoolOptions, opts: PgConnec
     common::init_logs();
     let engine =
         common::engine(&opts, vec![cron_fn("hourly", "0 * * * *", chrono_tz::UTC, CatchUp::Each { max: 5 })]).await;
-    clock_to(&engine, utc(2027, 6, 1, 9, 30, 0)).await;
+    clock_to(&engine, utc(year(), 6, 1, 9, 30, 0)).await;
     let w = common::spawn_worker(&engine);
     ticked(&engine, "hourly").await;
-    clock_to(&engine, utc(2027, 6, 1, 11, 30, 0)).await;
+    clock_to(&engine, utc(year(), 6, 1, 11, 30, 0)).await;
     ticked(&engine, "hourly").await;
-    assert_eq!(fired(&engine, "hourly").await, vec![utc(2027, 6, 1, 10, 0, 0), utc(2027, 6, 1, 11, 0, 0)]);
+    assert_eq!(fired(&engine, "hourly").await, vec![utc(year(), 6, 1, 10, 0, 0), utc(year(), 6, 1, 11, 0, 0)]);
     sqlx::query(
         "UPDATE durastep.schedules SET last_tick_at = last_tick_at - interval '2 hours', next_fire_at = NULL
           WHERE function_id = 'hourly'",
@@ -272,6 +297,6 @@ async fn a_repeated_tick_creates_no_second_run(_p: PgPoolOptions, opts: PgConnec
     .unwrap();
     ticked(&engine, "hourly").await;
     w.stop().await;
-    assert_eq!(fired(&engine, "hourly").await, vec![utc(2027, 6, 1, 10, 0, 0), utc(2027, 6, 1, 11, 0, 0)]);
+    assert_eq!(fired(&engine, "hourly").await, vec![utc(year(), 6, 1, 10, 0, 0), utc(year(), 6, 1, 11, 0, 0)]);
     assert_eq!(common::count(&engine, "durastep.events WHERE name = 'durastep/cron:hourly'").await, 2);
 }
