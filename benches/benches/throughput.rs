@@ -20,8 +20,9 @@
 //! without).
 //!
 //! Knobs (environment): `BENCH_WRITERS` (group-commit writer tasks per worker,
-//! default the engine's), `BENCH_POOL` (pool per worker process, default 10),
-//! `BENCH_CLAIM_BATCH`, `BENCH_CLAIM_AHEAD`, `BENCH_ONLY` (`raw`, `matrix` or `drain`; `fk` runs
+//! default the engine's), `BENCH_POOL` (pool per worker process, default 10
+//! up to 4 processes and 6 at 8), `BENCH_DRAIN_RUNS` (runs of each drain of
+//! section 3, default 20,000), `BENCH_CLAIM_BATCH`, `BENCH_CLAIM_AHEAD`, `BENCH_ONLY` (`raw`, `matrix` or `drain`; `fk` runs
 //! only the cost of the step tables' foreign keys, with and without them;
 //! `indexes` that of the two dashboard-only indexes of `runs`),
 //! `BENCH_HISTORY=off` (the whole bench with the run history off: see
@@ -352,9 +353,9 @@ async fn main() {
     }
 
     if runs_section("drain") {
-        let runs = 20_000;
+        let runs = env_usize("BENCH_DRAIN_RUNS").unwrap_or(20_000);
         let mut t = Table::new(
-            "20,000 no-op single-step runs, enqueued then drained",
+            &format!("{} no-op single-step runs, enqueued then drained", thousands(runs as f64)),
             &[
                 "runs in flight (total)",
                 "processes",
