@@ -365,6 +365,39 @@ async fn a_slot_given_back_waits_for_a_held_parked_run_only_briefly(_p: PgPoolOp
     w.stop().await;
 }
 
+/// Catches: the release waiting for a held parked run without a bound while
+/// the holder waits for the key row the release locked (a statement that
+/// cancels a key's parked run and a running run of the same key, whose own
+/// release then needs that key row): a deadlock, and one of the two
+/// statements fails. Here the holder is a test transaction that holds the
+/// parked run and then asks for the key row, with a `deadlock_timeout` (1.5 s)
+/// longer than the release's bound (1 s: half of the worker's 2 s) and
+/// shorter than the worker's: the release gives up first, so when the test's
+/// deadlock check runs there is no cycle, and its statement gets the row. With
+/// a wait of no bound, the test's check finds the cycle and fails it.
+#[sqlx::test(migrations = false)]
+async fn a_slot_given_back_gives_up_a_held_parked_run_before_a_deadlock(_p: PgPoolOptions, opts: PgConnectOptions) {
+    init_logs();
+    let opts = opts.options([("deadlock_timeout", "2s")]);
+    let (e, w, holder, blocked, gate, mut held) = a_parked_run_held_elsewhere(opts).await;
+    sqlx::query("SET LOCAL deadlock_timeout = '1500ms'").execute(&mut *held).await.unwrap();
+    gate.open();
+    let waiting = "pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    wait_until("the slot's release to wait for the parked run", || async { count(&e, waiting).await >= 1 }).await;
+    // The other half of the cycle: the key row the release holds.
+    let key_row = sqlx::query("SELECT 1 FROM durastep.flow_keys WHERE rule = 'one#concurrency1' FOR UPDATE")
+        .execute(&mut *held)
+        .await;
+    assert!(key_row.is_ok(), "the release held on past the deadlock check: {key_row:?}");
+    assert_eq!(key_row.unwrap().rows_affected(), 1, "the key row was locked");
+    held.commit().await.unwrap();
+    assert_eq!(finished(&e, holder).await.state, RunState::Completed);
+    // Given up, so the parked run waits for its recheck.
+    durastep::testing::advance_clock(&e, Duration::from_secs(31)).await.unwrap();
+    assert_eq!(finished(&e, blocked).await.state, RunState::Completed);
+    w.stop().await;
+}
+
 #[sqlx::test(migrations = false)]
 async fn keys_are_checked_at_build_and_at_send(_p: PgPoolOptions, opts: PgConnectOptions) {
     init_logs();
