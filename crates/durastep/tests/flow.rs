@@ -318,6 +318,19 @@ async fn a_parked_run_held_elsewhere(
     (e, w, holder, blocked, gate, held)
 }
 
+/// Waits until a statement of the test's database waits for a lock: the
+/// slot's release, waiting for the parked run's row.
+async fn a_release_waits_for_a_lock(e: &Engine) {
+    let waiting = "pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    wait_until("the slot's release to wait for the parked run", || async { count(e, waiting).await >= 1 }).await;
+}
+
+/// Moves the clock past a parked run's 30 s recheck; the run then completes.
+async fn completes_after_its_recheck(e: &Engine, parked: Uuid) {
+    durastep::testing::advance_clock(e, Duration::from_secs(31)).await.unwrap();
+    assert_eq!(finished(e, parked).await.state, RunState::Completed);
+}
+
 /// Catches: the slot's release skipping a parked run whose row another
 /// transaction holds for a moment (a claim that found it no longer due), so
 /// that it stayed parked until its 30 s recheck with the key's slot free (a
@@ -330,8 +343,7 @@ async fn a_slot_given_back_wakes_a_parked_run_another_transaction_holds(_p: PgPo
     let (e, w, holder, blocked, gate, held) = a_parked_run_held_elsewhere(opts).await;
     gate.open();
     // The worker's write that ends the holder, waiting for the row in its release.
-    let waiting = "pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
-    wait_until("the slot's release to wait for the parked run", || async { count(&e, waiting).await >= 1 }).await;
+    a_release_waits_for_a_lock(&e).await;
     assert_eq!(e.run(holder).await.unwrap().state, RunState::Running, "its completion waits");
     held.commit().await.unwrap();
     assert_eq!(finished(&e, holder).await.state, RunState::Completed);
@@ -360,8 +372,7 @@ async fn a_slot_given_back_waits_for_a_held_parked_run_only_briefly(_p: PgPoolOp
         .await
         .unwrap();
     assert_eq!(in_use, 0, "the slot was given back");
-    durastep::testing::advance_clock(&e, Duration::from_secs(31)).await.unwrap();
-    assert_eq!(finished(&e, blocked).await.state, RunState::Completed);
+    completes_after_its_recheck(&e, blocked).await;
     w.stop().await;
 }
 
@@ -382,8 +393,7 @@ async fn a_slot_given_back_gives_up_a_held_parked_run_before_a_deadlock(_p: PgPo
     let (e, w, holder, blocked, gate, mut held) = a_parked_run_held_elsewhere(opts).await;
     sqlx::query("SET LOCAL deadlock_timeout = '1500ms'").execute(&mut *held).await.unwrap();
     gate.open();
-    let waiting = "pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
-    wait_until("the slot's release to wait for the parked run", || async { count(&e, waiting).await >= 1 }).await;
+    a_release_waits_for_a_lock(&e).await;
     // The other half of the cycle: the key row the release holds.
     let key_row = sqlx::query("SELECT 1 FROM durastep.flow_keys WHERE rule = 'one#concurrency1' FOR UPDATE")
         .execute(&mut *held)
@@ -393,8 +403,7 @@ async fn a_slot_given_back_gives_up_a_held_parked_run_before_a_deadlock(_p: PgPo
     held.commit().await.unwrap();
     assert_eq!(finished(&e, holder).await.state, RunState::Completed);
     // Given up, so the parked run waits for its recheck.
-    durastep::testing::advance_clock(&e, Duration::from_secs(31)).await.unwrap();
-    assert_eq!(finished(&e, blocked).await.state, RunState::Completed);
+    completes_after_its_recheck(&e, blocked).await;
     w.stop().await;
 }
 
