@@ -121,7 +121,7 @@ async fn replay_a_failed_run_in_a_real_browser(_p: PgPoolOptions, opts: PgConnec
 
     let broken = Arc::new(AtomicBool::new(true));
     let engine = engine(&opts, vec![budget_push(broken.clone())]).await;
-    let _worker = spawn_worker(&engine);
+    let worker = spawn_worker(&engine);
     let id = failed_run(&engine, json!({"ad_account_id": "act_7"})).await;
     broken.store(false, Ordering::SeqCst);
 
@@ -178,4 +178,5 @@ async fn replay_a_failed_run_in_a_real_browser(_p: PgPoolOptions, opts: PgConnec
     let run = engine.run(id).await.expect("run");
     assert_eq!(run.state, RunState::Completed, "{run:?}");
     eprintln!("browser test took {:.2} s", started.elapsed().as_secs_f64());
+    worker.stop().await;
 }

@@ -31,7 +31,7 @@ async fn page_latency_with_100k_runs(_p: PgPoolOptions, opts: PgConnectOptions) 
     let seeded_in = seeding.elapsed();
     let worker = spawn_worker(&engine);
     let real = failed_run(&engine, json!({"ad_account_id": "act_7"})).await;
-    drop(worker);
+    worker.stop().await;
 
     // Test-side SQL only to find a cursor 90,000 runs deep (the dashboard has none).
     let deep: String = sqlx::query_scalar(

@@ -24,7 +24,7 @@ fn loopback() -> DashboardConfig {
 async fn overview_list_and_detail_show_a_failed_run(_p: PgPoolOptions, opts: PgConnectOptions) {
     let broken = Arc::new(AtomicBool::new(true));
     let engine = engine(&opts, vec![budget_push(broken.clone())]).await;
-    let _worker = spawn_worker(&engine);
+    let worker = spawn_worker(&engine);
     let id = failed_run(&engine, json!({"ad_account_id": "act_7"})).await;
     let app = router(engine.clone(), &loopback()).expect("router");
 
@@ -93,6 +93,7 @@ async fn overview_list_and_detail_show_a_failed_run(_p: PgPoolOptions, opts: PgC
     assert_eq!(done.location(), Some("/runs?state=failed&replayed=1"));
     wait_for(&engine, id, "the replay to fail again", |r| r.attempt == 2 && r.state == durastep::RunState::Failed)
         .await;
+    worker.stop().await;
 }
 
 /// Issue 15: a completed run whose earlier attempt failed shows that error as
@@ -121,7 +122,7 @@ async fn recovered_errors_and_sleeps_are_shown_as_such(_p: PgPoolOptions, opts: 
             }
         });
     let engine = engine(&opts, vec![flaky]).await;
-    let _worker = spawn_worker(&engine);
+    let worker = spawn_worker(&engine);
     let id = engine.send(durastep::Event::new("flaky/go", &json!({}))).await.expect("send").run_ids[0];
     let run = wait_for(&engine, id, "completion", |r| r.state.is_finished()).await;
     assert_eq!(run.state, durastep::RunState::Completed, "{run:?}");
@@ -134,6 +135,7 @@ async fn recovered_errors_and_sleeps_are_shown_as_such(_p: PgPoolOptions, opts: 
     assert!(b.contains("<span class=\"s s-sleeping\">sleep</span>"), "{b}");
     assert!(b.contains("sleep until "), "{b}");
     assert!(b.contains("<h2>Status</h2>") && !b.contains("Why it is not running"), "{b}");
+    worker.stop().await;
 }
 
 #[sqlx::test(migrations = false)]
@@ -158,7 +160,7 @@ async fn replay_and_cancel_through_the_forms(_p: PgPoolOptions, opts: PgConnectO
     assert!(again.body.contains("only failed or cancelled runs can be replayed"), "{}", again.body);
 
     // Cancel a run that is waiting for its delayed start.
-    drop(worker);
+    worker.stop().await;
     let later = engine
         .send(
             Event::new("campaign/budget.requested", &json!({"ad_account_id": "act_2"}))
@@ -196,7 +198,7 @@ async fn replay_and_cancel_through_the_forms(_p: PgPoolOptions, opts: PgConnectO
 async fn user_values_are_escaped_everywhere(_p: PgPoolOptions, opts: PgConnectOptions) {
     let broken = Arc::new(AtomicBool::new(true));
     let engine = engine(&opts, vec![budget_push(broken)]).await;
-    let _worker = spawn_worker(&engine);
+    let worker = spawn_worker(&engine);
     let evil = "<script>alert(1)</script>";
     let id = engine
         .send(Event::new("campaign/budget.requested", &json!({"ad_account_id": evil})).idempotency_key(evil))
@@ -222,6 +224,7 @@ async fn user_values_are_escaped_everywhere(_p: PgPoolOptions, opts: PgConnectOp
     assert!(pages[1].body.contains("<td>&lt;script&gt;alert(1)&lt;/script&gt;</td>"), "the idempotency key column");
     assert!(pages[3].body.contains(&format!("href=\"/runs/{id}\"")), "the idempotency key filter finds the run");
     assert!(pages[4].body.contains("value=\"&lt;script&gt;\""), "the filter form echoes the value escaped");
+    worker.stop().await;
 }
 
 #[sqlx::test(migrations = false)]
@@ -290,7 +293,7 @@ async fn markup_in_every_displayed_field_is_escaped_on_every_page(_p: PgPoolOpti
     let worker = spawn_worker(&engine);
     let id = engine.send(Event::new(EVENT, &json!({})).idempotency_key(KEY)).await.expect("send").run_ids[0];
     assert_eq!(engine.wait_for_run(id, DEADLINE).await.expect("run").state, RunState::Failed);
-    drop(worker);
+    worker.stop().await;
     for sql in [
         "UPDATE durastep.runs SET function_id = $1 WHERE function_id = 'xss-probe'",
         "UPDATE durastep.functions SET id = $1 WHERE id = 'xss-probe'",
@@ -369,7 +372,7 @@ async fn the_overview_says_when_no_run_is_unfinished(_p: PgPoolOptions, opts: Pg
     let overview = get(&app, "/").await;
     assert!(overview.body.contains(empty), "an empty database: {}", overview.body);
 
-    let _worker = spawn_worker(&engine);
+    let worker = spawn_worker(&engine);
     let id = engine.send(Event::new("gate/go", &json!({}))).await.expect("send").run_ids[0];
     wait_for(&engine, id, "the run to start", |r| r.state == RunState::Running).await;
     let overview = get(&app, "/").await;
@@ -383,6 +386,7 @@ async fn the_overview_says_when_no_run_is_unfinished(_p: PgPoolOptions, opts: Pg
     let overview = get(&app, "/").await;
     assert!(overview.body.contains(empty), "only a completed run: {}", overview.body);
     assert!(!overview.body.contains("<th>Held by</th>"), "no blocker table: {}", overview.body);
+    worker.stop().await;
 }
 
 /// A run due now that no worker claims: the overview explains the `ready`
@@ -417,7 +421,7 @@ async fn the_ready_blocker_is_explained(_p: PgPoolOptions, opts: PgConnectOption
 async fn times_are_shown_in_utc_with_their_zone(_p: PgPoolOptions, opts: PgConnectOptions) {
     let broken = Arc::new(AtomicBool::new(true));
     let engine = engine(&opts, vec![budget_push(broken)]).await;
-    let _worker = spawn_worker(&engine);
+    let worker = spawn_worker(&engine);
     let id = failed_run(&engine, json!({"ad_account_id": "act_7"})).await;
     let run = engine.run(id).await.expect("run");
     let utc = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string();
@@ -439,6 +443,7 @@ async fn times_are_shown_in_utc_with_their_zone(_p: PgPoolOptions, opts: PgConne
         let bare: Vec<&String> = times.iter().filter(|t| !t.ends_with(" UTC")).collect();
         assert!(bare.is_empty(), "{name} shows times without their zone: {bare:?}");
     }
+    worker.stop().await;
 }
 
 /// Every `YYYY-MM-DD HH:MM:SS.mmm` in `body`, with the four characters after it.
@@ -462,7 +467,7 @@ fn timestamps(body: &str) -> Vec<String> {
 /// run is running" while a diverged run waits (it has no blocker row).
 #[sqlx::test(migrations = false)]
 async fn a_diverged_run_says_so_on_its_page_and_the_overview(_p: PgPoolOptions, opts: PgConnectOptions) {
-    let (engine, id, _worker) = diverged_run(&opts, "lookup-v2", vec![]).await;
+    let (engine, id, worker) = diverged_run(&opts, "lookup-v2", vec![]).await;
     let app = router(engine.clone(), &loopback()).expect("router");
     let page = get(&app, &format!("/runs/{id}")).await.body;
     assert!(page.contains("<td id=\"state\"><span class=\"s s-diverged\">diverged</span></td>"), "{page}");
@@ -484,6 +489,7 @@ async fn a_diverged_run_says_so_on_its_page_and_the_overview(_p: PgPoolOptions, 
     assert!(!overview.contains("Every unfinished run is running."), "{overview}");
     let list = get(&app, "/runs?state=diverged").await.body;
     assert!(list.contains(&format!("href=\"/runs/{id}\"")), "{list}");
+    worker.stop().await;
 }
 
 /// The width attribute of the first timeline `<rect>` of `class` in `body`.
@@ -517,7 +523,7 @@ async fn a_wait_is_a_span_from_waiting_to_the_event(_p: PgPoolOptions, opts: PgC
         },
     );
     let engine = engine(&opts, vec![approver]).await;
-    let _worker = spawn_worker(&engine);
+    let worker = spawn_worker(&engine);
     let id = engine.send(Event::new("doc/created", &json!({}))).await.expect("send").run_ids[0];
     wait_for(&engine, id, "the run to wait", |r| r.state == RunState::Waiting).await;
     let hour = std::time::Duration::from_secs(3600);
@@ -547,6 +553,7 @@ async fn a_wait_is_a_span_from_waiting_to_the_event(_p: PgPoolOptions, opts: PgC
     assert!(wait > 500.0 && wait > 50.0 * step, "two hours against milliseconds: wait {wait}, step {step}: {s}");
     assert!(s.contains("waited 120.0 min · event "), "the waited time beside it: {s}");
     assert!(b.contains("<td>approval</td><td><span class=\"s s-waiting\">wait</span>"), "{b}");
+    worker.stop().await;
 }
 
 /// Issue 15: a child run (`ctx.invoke`) is a span from when the parent began
@@ -568,7 +575,7 @@ async fn an_invoke_is_a_span_labelled_with_its_child(_p: PgPoolOptions, opts: Pg
         Ok(got)
     });
     let engine = engine(&opts, vec![parent, child]).await;
-    let _worker = spawn_worker(&engine);
+    let worker = spawn_worker(&engine);
     let id = engine.send(Event::new("parent/go", &json!({}))).await.expect("send").run_ids[0];
     wait_for(&engine, id, "the parent to wait", |r| r.state == RunState::Waiting).await;
     let kid = engine.inspect().run(id).await.expect("detail").children[0].id;
@@ -597,4 +604,5 @@ async fn an_invoke_is_a_span_labelled_with_its_child(_p: PgPoolOptions, opts: Pg
     assert!(s.contains(&format!("invoke fan: child run {kid} completed; from ")), "{s}");
     assert!(rect_width(s, "invoke") > 50.0 * rect_width(s, "step"), "{s}");
     assert!(b.contains("<td>fan</td><td><span class=\"s s-waiting\">child run</span>"), "{b}");
+    worker.stop().await;
 }

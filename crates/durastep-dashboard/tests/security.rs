@@ -94,7 +94,7 @@ async fn a_non_loopback_address_needs_a_token(_p: PgPoolOptions, opts: PgConnect
 
 #[sqlx::test(migrations = false)]
 async fn with_a_token_every_page_requires_it(_p: PgPoolOptions, opts: PgConnectOptions) {
-    let (engine, ok, failed, _worker) = setup(&opts).await;
+    let (engine, ok, failed, worker) = setup(&opts).await;
     let app = router(engine.clone(), &with_token()).expect("router");
     let pages = ["/".to_owned(), "/runs".into(), format!("/runs/{ok}"), format!("/runs/{failed}"), "/functions".into()];
 
@@ -143,13 +143,14 @@ async fn with_a_token_every_page_requires_it(_p: PgPoolOptions, opts: PgConnectO
     // Another process's session does not open this one.
     let other = router(engine.clone(), &with_token()).expect("router");
     assert_eq!(get_with(&other, "/", &[("cookie", &session)]).await.status, StatusCode::SEE_OTHER);
+    worker.stop().await;
 }
 
 /// Catches: `show_data` off still showing idempotency keys, flow keys and
 /// error texts (which quote event data) on the run list, a run and the overview.
 #[sqlx::test(migrations = false)]
 async fn loopback_mode_hides_outputs_unless_asked(_p: PgPoolOptions, opts: PgConnectOptions) {
-    let (engine, ok, failed, _worker) = setup(&opts).await;
+    let (engine, ok, failed, worker) = setup(&opts).await;
     let app = router(engine.clone(), &DashboardConfig::default()).expect("router");
     for path in ["/".to_owned(), "/runs".into(), format!("/runs/{ok}"), format!("/runs/{failed}"), "/functions".into()]
     {
@@ -166,6 +167,7 @@ async fn loopback_mode_hides_outputs_unless_asked(_p: PgPoolOptions, opts: PgCon
     assert!(page.body.contains(SECRET_OUTPUT) && page.body.contains(SECRET_DATA), "{}", page.body);
     let page = get(&shown, &format!("/runs/{failed}")).await;
     assert!(page.body.contains(SECRET_KEY) && page.body.contains(SECRET_ERROR), "{}", page.body);
+    worker.stop().await;
 }
 
 /// Markers, each in one kind of user data only (never in event data, so a
@@ -207,7 +209,7 @@ async fn show_data_off_hides_error_texts_and_keys_of_unfinished_runs(_p: PgPoolO
             })
             .await
         });
-    let (engine, diverged, _worker) = diverged_run(&opts, DIVERGED_STEP, vec![backoff, held]).await;
+    let (engine, diverged, worker) = diverged_run(&opts, DIVERGED_STEP, vec![backoff, held]).await;
 
     let send = |name: &str, data: serde_json::Value, key: Option<&str>| {
         let mut event = durastep::Event::new(name, &data);
@@ -279,11 +281,12 @@ async fn show_data_off_hides_error_texts_and_keys_of_unfinished_runs(_p: PgPoolO
         let page = get(&shown, &path).await;
         assert!(page.body.contains(marker), "{path} does not show {marker} with show_data: {}", page.body);
     }
+    worker.stop().await;
 }
 
 #[sqlx::test(migrations = false)]
 async fn posts_without_a_valid_csrf_token_are_refused(_p: PgPoolOptions, opts: PgConnectOptions) {
-    let (engine, _ok, failed, _worker) = setup(&opts).await;
+    let (engine, _ok, failed, worker) = setup(&opts).await;
     let app = router(engine.clone(), &DashboardConfig::default()).expect("router");
     let csrf = csrf_of(&get(&app, &format!("/runs/{failed}")).await.body);
     let replay = format!("/runs/{failed}/replay");
@@ -337,6 +340,7 @@ async fn posts_without_a_valid_csrf_token_are_refused(_p: PgPoolOptions, opts: P
     let accepted = post_form(&app, &replay, &format!("csrf={csrf}"), &[same]).await;
     assert_eq!(accepted.status, StatusCode::SEE_OTHER, "{}", accepted.body);
     wait_for(&engine, failed, "the replay to complete", |r| r.state == RunState::Completed).await;
+    worker.stop().await;
 }
 
 /// Catches: DNS rebinding. A page on evil.example whose name resolves to
@@ -344,7 +348,7 @@ async fn posts_without_a_valid_csrf_token_are_refused(_p: PgPoolOptions, opts: P
 /// the Origin check alone let it read pages and press Replay.
 #[sqlx::test(migrations = false)]
 async fn unknown_host_names_are_refused_before_any_handler(_p: PgPoolOptions, opts: PgConnectOptions) {
-    let (engine, _ok, failed, _worker) = setup(&opts).await;
+    let (engine, _ok, failed, worker) = setup(&opts).await;
     let app = router(engine.clone(), &DashboardConfig::default()).expect("router");
     let csrf = csrf_of(&get(&app, &format!("/runs/{failed}")).await.body);
     let rebound = |path: &str| {
@@ -387,6 +391,7 @@ async fn unknown_host_names_are_refused_before_any_handler(_p: PgPoolOptions, op
     // Two Host headers are ambiguous: refused.
     let two = get_with(&app, "/", &[("host", "evil.example")]).await;
     assert_eq!(two.status, StatusCode::MISDIRECTED_REQUEST);
+    worker.stop().await;
 }
 
 /// GET with exactly this Host (and a bearer token when given).
@@ -472,7 +477,7 @@ async fn sessions_are_per_login_expire_end_and_logins_are_limited(_p: PgPoolOpti
 /// page renders, and there is no replay or cancel.
 #[sqlx::test(migrations = false)]
 async fn a_reader_role_serves_every_page_without_actions(_p: PgPoolOptions, opts: PgConnectOptions) {
-    let (engine, ok, failed, _worker) = setup(&opts).await;
+    let (engine, ok, failed, worker) = setup(&opts).await;
     let reader = format!("durastep_reader_{}", uuid::Uuid::new_v4().simple());
     let admin = PgPoolOptions::new().max_connections(1).connect_with(opts.clone()).await.expect("admin");
     let grants = reader_grants().replace("durastep_reader", &reader);
@@ -517,6 +522,7 @@ async fn a_reader_role_serves_every_page_without_actions(_p: PgPoolOptions, opts
     }
     result.expect("the dashboard as the reader role");
     assert_eq!(engine.run(failed).await.expect("run").state, RunState::Failed);
+    worker.stop().await;
 }
 
 /// The reader role's grants: the ```sql block after the marker in docs/security.md.

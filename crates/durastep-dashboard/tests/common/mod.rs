@@ -42,20 +42,38 @@ pub async fn engine(opts: &PgConnectOptions, functions: Vec<Function>) -> Engine
     b.build().await.expect("build engine")
 }
 
-/// A worker in the background until the guard is dropped.
-pub struct WorkerGuard(pub CancellationToken);
+/// A worker in the background until [`WorkerGuard::stop`] (or, without
+/// waiting for it, until the guard is dropped).
+pub struct WorkerGuard {
+    token: CancellationToken,
+    handle: Option<tokio::task::JoinHandle<Result<(), durastep::Error>>>,
+}
+
+impl WorkerGuard {
+    /// Stops the worker and waits until it has. A test that runs a worker
+    /// ends with it: sqlx drops a passed test's database only once no
+    /// connection to it is open, and a worker that was only told to stop
+    /// (the guard dropped as the test returned) went on using its
+    /// connections, so the database was left behind.
+    pub async fn stop(mut self) {
+        self.token.cancel();
+        if let Some(handle) = self.handle.take() {
+            tokio::time::timeout(DEADLINE, handle).await.expect("the worker stops").expect("join").expect("worker");
+        }
+    }
+}
 
 impl Drop for WorkerGuard {
     fn drop(&mut self) {
-        self.0.cancel();
+        self.token.cancel();
     }
 }
 
 pub fn spawn_worker(engine: &Engine) -> WorkerGuard {
     let token = CancellationToken::new();
     let (e, t) = (engine.clone(), token.clone());
-    tokio::spawn(async move { e.run_worker(t).await });
-    WorkerGuard(token)
+    let handle = tokio::spawn(async move { e.run_worker(t).await });
+    WorkerGuard { token, handle: Some(handle) }
 }
 
 /// `budget-push`: step `fetch` returns a secret-looking output, step `push`
@@ -247,6 +265,7 @@ pub async fn diverged_run(
     // Stopped for good before the clock moves: the first build must not wake it.
     stop.cancel();
     tokio::time::timeout(DEADLINE, worker).await.expect("the first worker stops").expect("join").expect("worker");
+    v1.pool().close().await;
 
     let mut functions = vec![probe(asked_step)];
     functions.extend(others);
