@@ -806,7 +806,7 @@ async fn resume_and_discard_end_diverged_runs(_p: PgPoolOptions, opts: PgConnect
 
     // The code fixed (v1 again): the other run resumes where it was.
     let fixed = engine(&opts, vec![flow(false, &a_runs)]).await;
-    let _w = Worker::start(&fixed);
+    let w = Worker::start(&fixed);
     let j = durastep(Some(&url), &["--json", "runs", "resume", &resumed]).await.json();
     assert_eq!(j, json!({"run_id": resumed, "action": "resumed", "state": "queued"}));
     let run = finished(&fixed, ids[1]).await;
@@ -816,6 +816,7 @@ async fn resume_and_discard_end_diverged_runs(_p: PgPoolOptions, opts: PgConnect
     assert!(unknown.failed(1).contains("no run with id"), "{unknown:?}");
     let missing = durastep(Some(&url), &["runs", "discard", &resumed]).await;
     assert_ne!(missing.code, Some(0), "--from is required: {missing:?}");
+    w.stop().await;
 }
 
 /// Catches: a prune that deletes recent or unfinished runs, or reports

@@ -17,15 +17,17 @@ fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> DateTime<Utc> {
 
 /// The year the tests move the clock into: the next one, so that every date
 /// in it is ahead of the database clock whenever the tests run (a fixed year
-/// would make them fail once it has passed).
+/// would make them fail once it has passed). Read once per run, so that a
+/// run across New Year's midnight does not mix two years in one test.
 fn year() -> i32 {
-    Utc::now().year() + 1
+    static YEAR: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *YEAR.get_or_init(|| Utc::now().year() + 1)
 }
 
-/// The day of the month of the last Sunday of `month` in `year()`: when
+/// The day of the month of the last Sunday of `month` in `year`: when
 /// Amsterdam moves its clocks (March forward, October back), at 01:00 UTC.
-fn last_sunday(month: u32) -> u32 {
-    let first_of_next = NaiveDate::from_ymd_opt(year(), month + 1, 1).unwrap();
+fn last_sunday(year: i32, month: u32) -> u32 {
+    let first_of_next = NaiveDate::from_ymd_opt(year, month + 1, 1).unwrap();
     let last = first_of_next.pred_opt().unwrap();
     last.day() - last.weekday().num_days_from_sunday()
 }
@@ -92,7 +94,8 @@ async fn next_fire(engine: &Engine, function_id: &str) -> DateTime<Utc> {
 #[sqlx::test(migrations = false)]
 async fn cron_0230_amsterdam_on_the_spring_forward_day(_p: PgPoolOptions, opts: PgConnectOptions) {
     common::init_logs();
-    let (y, d) = (year(), last_sunday(3));
+    let y = year();
+    let d = last_sunday(y, 3);
     let engine = common::engine(&opts, vec![cron_fn("daily", "30 2 * * *", Amsterdam, CatchUp::Latest)]).await;
     clock_to(&engine, utc(y, 3, d - 1, 22, 0, 0)).await;
     let w = common::spawn_worker(&engine);
@@ -125,7 +128,8 @@ async fn cron_0230_amsterdam_on_the_spring_forward_day(_p: PgPoolOptions, opts: 
 #[sqlx::test(migrations = false)]
 async fn cron_0230_amsterdam_on_the_fall_back_day(_p: PgPoolOptions, opts: PgConnectOptions) {
     common::init_logs();
-    let (y, d) = (year(), last_sunday(10));
+    let y = year();
+    let d = last_sunday(y, 10);
     // The day after may be in November.
     let after = utc(y, 10, d, 1, 30, 0) + chrono::Duration::days(1);
     let engine = common::engine(&opts, vec![cron_fn("daily", "30 2 * * *", Amsterdam, CatchUp::Latest)]).await;

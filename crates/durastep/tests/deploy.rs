@@ -219,11 +219,12 @@ async fn renamed_step_diverges_where_it_was_recorded(_p: PgPoolOptions, opts: Pg
     let (early, late) = leave_runs_asleep(&opts).await;
     let expected = [(2, entry(EntryKind::Step, "b"), entry(EntryKind::Step, "b2"), 1)];
     let (v2, _) = switch_and_check(&opts, Variant::Rename, &expected).await;
-    let _w = common::spawn_worker(&v2);
+    let w = common::spawn_worker(&v2);
     wake_all(&v2).await;
     parked(&v2, late, 2, entry(EntryKind::Step, "b"), entry(EntryKind::Step, "b2")).await;
     let done = driven(&v2, early).await;
     assert_eq!(done.output, Some(json!("a,b2,c")));
+    w.stop().await;
 }
 
 /// Insert: both runs recorded `nap1` at position 1 where v2 asks for `x`.
@@ -233,11 +234,12 @@ async fn inserted_step_diverges_every_run_past_it(_p: PgPoolOptions, opts: PgCon
     let (early, late) = leave_runs_asleep(&opts).await;
     let expected = [(1, entry(EntryKind::Sleep, "nap1"), entry(EntryKind::Step, "x"), 2)];
     let (v2, _) = switch_and_check(&opts, Variant::Insert, &expected).await;
-    let _w = common::spawn_worker(&v2);
+    let w = common::spawn_worker(&v2);
     wake_all(&v2).await;
     for id in [early, late] {
         parked(&v2, id, 1, entry(EntryKind::Sleep, "nap1"), entry(EntryKind::Step, "x")).await;
     }
+    w.stop().await;
 }
 
 /// Remove: the run that recorded `b` diverges (recorded step b, asked sleep nap2).
@@ -247,10 +249,11 @@ async fn removed_step_diverges(_p: PgPoolOptions, opts: PgConnectOptions) {
     let (early, late) = leave_runs_asleep(&opts).await;
     let expected = [(2, entry(EntryKind::Step, "b"), entry(EntryKind::Sleep, "nap2"), 1)];
     let (v2, _) = switch_and_check(&opts, Variant::Remove, &expected).await;
-    let _w = common::spawn_worker(&v2);
+    let w = common::spawn_worker(&v2);
     wake_all(&v2).await;
     parked(&v2, late, 2, entry(EntryKind::Step, "b"), entry(EntryKind::Sleep, "nap2")).await;
     assert_eq!(driven(&v2, early).await.output, Some(json!("a,c")));
+    w.stop().await;
 }
 
 /// Reorder: the run that recorded `b` at position 2 is asked for `c` there.
@@ -261,10 +264,11 @@ async fn reordered_steps_diverge(_p: PgPoolOptions, opts: PgConnectOptions) {
     let (early, late) = leave_runs_asleep(&opts).await;
     let expected = [(2, entry(EntryKind::Step, "b"), entry(EntryKind::Step, "c"), 1)];
     let (v2, _) = switch_and_check(&opts, Variant::Reorder, &expected).await;
-    let _w = common::spawn_worker(&v2);
+    let w = common::spawn_worker(&v2);
     wake_all(&v2).await;
     parked(&v2, late, 2, entry(EntryKind::Step, "b"), entry(EntryKind::Step, "c")).await;
     assert_eq!(driven(&v2, early).await.output, Some(json!("a,c,b")));
+    w.stop().await;
 }
 
 /// Guarded with `changed`: no run diverges; the runs in flight keep the old
@@ -274,7 +278,7 @@ async fn guarded_change_keeps_old_runs_on_the_old_path(_p: PgPoolOptions, opts: 
     common::init_logs();
     let (early, late) = leave_runs_asleep(&opts).await;
     let (v2, _) = switch_and_check(&opts, Variant::Guarded, &[]).await;
-    let _w = common::spawn_worker(&v2);
+    let w = common::spawn_worker(&v2);
     let fresh = v2.send(Event::new("flow/go", &json!({"n": 3}))).await.unwrap().run_ids[0];
     state_is(&v2, fresh, RunState::Sleeping).await;
     // The new run's marker is recorded; the deploy check still passes with it.
@@ -289,6 +293,7 @@ async fn guarded_change_keeps_old_runs_on_the_old_path(_p: PgPoolOptions, opts: 
     .await;
     wake_all(&v2).await;
     assert_eq!(driven(&v2, fresh).await.output, Some(json!("a,x,b,c")));
+    w.stop().await;
 }
 
 /// The handler returns while recorded entries were never asked for (the last
@@ -304,9 +309,10 @@ async fn handler_that_skips_recorded_entries_diverges(_p: PgPoolOptions, opts: P
     let report = v2.check_deploy().await.unwrap();
     assert_eq!(report.diverging_runs(), 2, "{report}");
     assert!(report.diverging.iter().all(|g| g.position == 1 && g.example.asked.is_none()), "{report}");
-    let _w = common::spawn_worker(&v2);
+    let w = common::spawn_worker(&v2);
     wake_all(&v2).await;
     parked(&v2, late, 1, entry(EntryKind::Sleep, "nap1"), None).await;
+    w.stop().await;
 }
 
 /// Operator actions: a diverged run resumes once the code is fixed (back to
@@ -344,12 +350,13 @@ async fn diverged_runs_resume_or_discard(_p: PgPoolOptions, opts: PgConnectOptio
     let bodies = Arc::new(AtomicU32::new(0));
     let fixed = engine(&opts, Variant::V1, &bodies).await;
     assert!(fixed.check_deploy().await.unwrap().is_safe());
-    let _w = common::spawn_worker(&fixed);
+    let w = common::spawn_worker(&fixed);
     fixed.resume_diverged(late).await.unwrap();
     assert_eq!(driven(&fixed, late).await.output, Some(json!("a,b,c")));
     // Only `c` ran: a and b were replayed.
     assert_eq!(bodies.load(Ordering::SeqCst), 1);
     assert!(matches!(fixed.resume_diverged(Uuid::nil()).await, Err(durastep::Error::UnknownRun(_))));
+    w.stop().await;
 }
 
 /// Moves every entry stored on a step row to `step_journal`, as an engine
@@ -395,7 +402,7 @@ async fn entries_stored_before_0029_replay_and_diverge(_p: PgPoolOptions, opts: 
     assert_eq!(store_entries_as_before_0029(&v1).await, 6);
     let expected = [(2, entry(EntryKind::Step, "b"), entry(EntryKind::Step, "b2"), 1)];
     let (v2, bodies) = switch_and_check(&opts, Variant::Rename, &expected).await;
-    let _w = common::spawn_worker(&v2);
+    let w = common::spawn_worker(&v2);
     wake_all(&v2).await;
     parked(&v2, late, 2, entry(EntryKind::Step, "b"), entry(EntryKind::Step, "b2")).await;
     assert_eq!(driven(&v2, early).await.output, Some(json!("a,b2,c")));
@@ -409,6 +416,7 @@ async fn entries_stored_before_0029_replay_and_diverge(_p: PgPoolOptions, opts: 
         .await;
     assert!(common::step_row(&v2, late, "b").await.is_none(), "the discarded step row is gone");
     assert_eq!(driven(&v2, late).await.output, Some(json!("a,b2,c")));
+    w.stop().await;
 }
 
 /// Two joined `wait_for_event`s each record their journal entry (positions 0
@@ -583,7 +591,7 @@ async fn report_groups_by_function_and_position(_p: PgPoolOptions, opts: PgConne
     assert!(at("alpha at position 2: 1 runs") < at("beta at position 1: 2 runs"), "{text}");
     assert!(!text.contains("gamma"), "{text}");
 
-    let _w = common::spawn_worker(&v2);
+    let w = common::spawn_worker(&v2);
     wake_all(&v2).await;
     let divergence = |id: Uuid| {
         let v2 = v2.clone();
@@ -599,6 +607,7 @@ async fn report_groups_by_function_and_position(_p: PgPoolOptions, opts: PgConne
     assert_eq!(divergence(alpha.1).await, ("alpha".to_owned(), 2));
     assert_eq!(divergence(beta.0).await, ("beta".to_owned(), 1));
     assert_eq!(divergence(beta.1).await, ("beta".to_owned(), 1));
+    w.stop().await;
 }
 
 /// v1 of `ops`: a `step_tx` `tx`, a `send_event` `notify`, an `invoke`

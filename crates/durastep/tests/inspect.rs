@@ -639,7 +639,7 @@ async fn reader_role_reads_everything_and_writes_nothing(_p: PgPoolOptions, opts
         ],
     )
     .await;
-    let _w = common::spawn_worker(&engine);
+    let w = common::spawn_worker(&engine);
     let id = engine.send(Event::new("r/go", &json!({"k": 1}))).await.unwrap().run_ids[0];
     assert_eq!(common::finished(&engine, id).await.state, RunState::Completed);
 
@@ -691,6 +691,7 @@ async fn reader_role_reads_everything_and_writes_nothing(_p: PgPoolOptions, opts
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone())).execute(&admin).await.expect(&sql);
     }
     result.expect("the reader role of docs/security.md");
+    w.stop().await;
 }
 
 /// The reader role's grants: the ```sql block after the marker in docs/security.md.

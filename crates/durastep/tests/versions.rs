@@ -71,7 +71,7 @@ async fn old_and_new_versions_run_side_by_side(_p: PgPoolOptions, opts: PgConnec
     let both = common::engine(&opts, vec![billing(1, V1), billing(2, V2)]).await;
     let report = both.check_deploy().await.unwrap();
     assert!(report.is_safe() && report.runs_checked == 1, "{report}");
-    let _w = common::spawn_worker(&both);
+    let w = common::spawn_worker(&both);
     let drained = common::finished(&both, old).await;
     assert_eq!((drained.output, drained.version), (Some(json!("v1:charge,receipt")), 1));
     let later = both.send(Event::new("invoice/due", &json!({"id": 3}))).await.unwrap().run_ids[0];
@@ -79,6 +79,7 @@ async fn old_and_new_versions_run_side_by_side(_p: PgPoolOptions, opts: PgConnec
     common::wait_for_run_where(&both, later, "the new run asleep", |r| r.state == RunState::Sleeping).await;
     durastep::testing::advance_clock(&both, NAP + Duration::from_secs(1)).await.unwrap();
     assert_eq!(common::finished(&both, later).await.output, Some(json!("v2:reserve,capture")));
+    w.stop().await;
 }
 
 /// Two definitions with the same id and version are refused at build; the
@@ -116,7 +117,7 @@ async fn invoked_and_failure_handler_runs_start_under_the_newest_version(_p: PgP
         .on_failure(|_ctx: Ctx, _f: durastep::FailedRun<Value>| async move { Ok(()) })
         .handler(|_ctx: Ctx, _: Value| async move { Err::<(), _>(durastep::HandlerError::permanent("no")) });
     let engine = common::engine(&opts, vec![child, parent, failing]).await;
-    let _w = common::spawn_worker(&engine);
+    let w = common::spawn_worker(&engine);
     let p = engine.send(Event::new("go", &json!({}))).await.unwrap().run_ids[0];
     let done = common::finished(&engine, p).await;
     assert_eq!(done.state, RunState::Completed, "{done:?}");
@@ -132,4 +133,5 @@ async fn invoked_and_failure_handler_runs_start_under_the_newest_version(_p: PgP
     let handler = common::runs_of(&engine, "failing/on-failure").await[0];
     let handled = common::finished(&engine, handler).await;
     assert_eq!((handled.state, handled.version), (RunState::Completed, 5), "{handled:?}");
+    w.stop().await;
 }

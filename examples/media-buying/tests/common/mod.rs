@@ -252,10 +252,13 @@ pub fn amsterdam(y: i32, m: u32, d: u32, h: u32, min: u32) -> DateTime<Utc> {
         .with_timezone(&Utc)
 }
 
-/// The next year, so that a date in it is ahead of the database clock.
+/// The next year, so that a date in it is ahead of the database clock. Read
+/// once per run, so that a run across New Year's midnight does not mix two
+/// years in one test.
 pub fn next_year() -> i32 {
     use chrono::Datelike;
-    Utc::now().year() + 1
+    static YEAR: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *YEAR.get_or_init(|| Utc::now().year() + 1)
 }
 
 impl World {
