@@ -202,6 +202,7 @@ async fn six_workers_create_one_run_per_fire_time(_p: PgPoolOptions, opts: PgCon
 #[sqlx::test(migrations = false)]
 async fn missed_fire_times_follow_the_catch_up_policy(_p: PgPoolOptions, opts: PgConnectOptions) {
     common::init_logs();
+    let y = year();
     let engine = common::engine(
         &opts,
         vec![
@@ -210,22 +211,22 @@ async fn missed_fire_times_follow_the_catch_up_policy(_p: PgPoolOptions, opts: P
         ],
     )
     .await;
-    clock_to(&engine, utc(year(), 6, 1, 9, 30, 0)).await;
+    clock_to(&engine, utc(y, 6, 1, 9, 30, 0)).await;
     let w = common::spawn_worker(&engine);
     ticked(&engine, "latest").await;
     ticked(&engine, "each").await;
     w.stop().await;
-    clock_to(&engine, utc(year(), 6, 1, 14, 40, 0)).await;
+    clock_to(&engine, utc(y, 6, 1, 14, 40, 0)).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(fired(&engine, "latest").await.is_empty(), "fired with no worker up");
     let w = common::spawn_worker(&engine);
     ticked(&engine, "latest").await;
     ticked(&engine, "each").await;
     w.stop().await;
-    assert_eq!(fired(&engine, "latest").await, vec![utc(year(), 6, 1, 14, 0, 0)]);
+    assert_eq!(fired(&engine, "latest").await, vec![utc(y, 6, 1, 14, 0, 0)]);
     assert_eq!(
         fired(&engine, "each").await,
-        vec![utc(year(), 6, 1, 12, 0, 0), utc(year(), 6, 1, 13, 0, 0), utc(year(), 6, 1, 14, 0, 0)]
+        vec![utc(y, 6, 1, 12, 0, 0), utc(y, 6, 1, 13, 0, 0), utc(y, 6, 1, 14, 0, 0)]
     );
 }
 
@@ -284,14 +285,15 @@ async fn story_b_tiktok_push_wakes_after_utc_midnight(_p: PgPoolOptions, opts: P
 #[sqlx::test(migrations = false)]
 async fn a_repeated_tick_creates_no_second_run(_p: PgPoolOptions, opts: PgConnectOptions) {
     common::init_logs();
+    let y = year();
     let engine =
         common::engine(&opts, vec![cron_fn("hourly", "0 * * * *", chrono_tz::UTC, CatchUp::Each { max: 5 })]).await;
-    clock_to(&engine, utc(year(), 6, 1, 9, 30, 0)).await;
+    clock_to(&engine, utc(y, 6, 1, 9, 30, 0)).await;
     let w = common::spawn_worker(&engine);
     ticked(&engine, "hourly").await;
-    clock_to(&engine, utc(year(), 6, 1, 11, 30, 0)).await;
+    clock_to(&engine, utc(y, 6, 1, 11, 30, 0)).await;
     ticked(&engine, "hourly").await;
-    assert_eq!(fired(&engine, "hourly").await, vec![utc(year(), 6, 1, 10, 0, 0), utc(year(), 6, 1, 11, 0, 0)]);
+    assert_eq!(fired(&engine, "hourly").await, vec![utc(y, 6, 1, 10, 0, 0), utc(y, 6, 1, 11, 0, 0)]);
     sqlx::query(
         "UPDATE durastep.schedules SET last_tick_at = last_tick_at - interval '2 hours', next_fire_at = NULL
           WHERE function_id = 'hourly'",
@@ -301,6 +303,6 @@ async fn a_repeated_tick_creates_no_second_run(_p: PgPoolOptions, opts: PgConnec
     .unwrap();
     ticked(&engine, "hourly").await;
     w.stop().await;
-    assert_eq!(fired(&engine, "hourly").await, vec![utc(year(), 6, 1, 10, 0, 0), utc(year(), 6, 1, 11, 0, 0)]);
+    assert_eq!(fired(&engine, "hourly").await, vec![utc(y, 6, 1, 10, 0, 0), utc(y, 6, 1, 11, 0, 0)]);
     assert_eq!(common::count(&engine, "durastep.events WHERE name = 'durastep/cron:hourly'").await, 2);
 }
