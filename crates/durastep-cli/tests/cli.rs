@@ -7,11 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use durastep::{Ctx, Engine, Event, Function, HandlerError, RunState, WorkerOptions};
+use durastep::{Ctx, Engine, Event, Function, HandlerError, RunState, WorkerHandle, WorkerOptions};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// How long any wait in a test may take.
@@ -86,30 +85,17 @@ fn set(ids: &[Uuid]) -> HashSet<Uuid> {
     ids.iter().copied().collect()
 }
 
-/// A worker running in the test process; stopped on drop.
-struct Worker {
-    shutdown: CancellationToken,
-    handle: Option<tokio::task::JoinHandle<Result<(), durastep::Error>>>,
-}
+/// A worker running in the test process (stopped on drop); `stop` waits
+/// for it and fails the test if the worker failed.
+struct Worker(WorkerHandle);
 
 impl Worker {
     fn start(engine: &Engine) -> Self {
-        let shutdown = CancellationToken::new();
-        let (e, s) = (engine.clone(), shutdown.clone());
-        Worker { shutdown, handle: Some(tokio::spawn(async move { e.run_worker(s).await })) }
+        Worker(engine.spawn_worker())
     }
 
-    async fn stop(mut self) {
-        self.shutdown.cancel();
-        if let Some(h) = self.handle.take() {
-            h.await.expect("worker task").expect("worker");
-        }
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
+    async fn stop(self) {
+        self.0.stop().await.expect("worker");
     }
 }
 

@@ -45,7 +45,7 @@ async fn a_run_handed_to_a_worker_that_is_gone_is_released_and_runs_elsewhere(
     opts: PgConnectOptions,
 ) {
     let engine = handoff_common::engine(&opts).await;
-    let (stop, worker) = handoff_common::spawn_worker(&engine);
+    let worker = engine.spawn_worker();
     failpoints::set("hand-over", "error");
     let mut refused = 0;
     for i in 0..50 {
@@ -75,7 +75,7 @@ async fn a_run_handed_to_a_worker_that_is_gone_is_released_and_runs_elsewhere(
         tokio::time::sleep(Duration::from_millis(20 * (i + 1).min(50))).await;
     }
     failpoints::set("hand-over", "off");
-    stop.cancel();
-    worker.await.unwrap().unwrap();
+    worker.request_stop();
+    worker.stop().await.unwrap();
     assert_eq!(refused, 3, "the sends handed on fewer than 3 runs in 50");
 }

@@ -50,7 +50,7 @@ async fn finished(engine: &Engine, run: Uuid) -> Value {
 #[sqlx::test(migrations = false)]
 async fn a_run_handed_to_a_stopping_worker_is_given_back(_p: PgPoolOptions, opts: PgConnectOptions) {
     let engine = handoff_common::engine(&opts).await;
-    let (stop, worker) = handoff_common::spawn_worker(&engine);
+    let worker = engine.spawn_worker();
     failpoints::set("hand-over", "block");
     let mut handed = None;
     for i in 0..50u64 {
@@ -80,18 +80,18 @@ async fn a_run_handed_to_a_stopping_worker_is_given_back(_p: PgPoolOptions, opts
     // Both at once: the send puts its run in the channel; the worker wakes
     // to its stop.
     failpoints::release("hand-over");
-    stop.cancel();
+    worker.request_stop();
     let receipt = send.await.unwrap().unwrap();
-    worker.await.unwrap().unwrap();
+    worker.stop().await.unwrap();
     let run = receipt.run_ids[0];
     let snapshot = engine.run(run).await.unwrap();
     assert!(!snapshot.state.is_finished(), "the stopping worker ran the handed run: {snapshot:?}");
     assert_eq!(states(&engine, run).await, ["running", "queued"], "given back at once, as queued");
 
     // Another worker takes it (its lease of an hour would hold it otherwise).
-    let (stop, worker) = handoff_common::spawn_worker(&engine);
+    let worker = engine.spawn_worker();
     assert_eq!(finished(&engine, run).await, json!({"i": i}));
     assert_eq!(states(&engine, run).await, ["running", "queued", "running", "completed"]);
-    stop.cancel();
-    worker.await.unwrap().unwrap();
+    worker.request_stop();
+    worker.stop().await.unwrap();
 }

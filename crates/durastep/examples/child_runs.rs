@@ -39,10 +39,10 @@ async fn main() -> common::Result {
 
     let db = common::fresh_db("child_runs").await?;
     let engine = db.builder().functions([resize, publish]).build().await?;
-    let worker = common::spawn_worker(&engine);
+    let worker = engine.spawn_worker();
     let parent = engine.send(Event::new("image/uploaded", &"cat.png")).await?.run_ids[0];
     let run = engine.wait_for_run(parent, Duration::from_secs(30)).await?;
-    common::stop_worker(worker).await?;
+    worker.stop().await?;
 
     println!("parent {:?}: {}", run.state, run.output.unwrap_or_default());
     for child in engine.inspect().run(parent).await?.children {

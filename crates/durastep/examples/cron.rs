@@ -26,13 +26,13 @@ async fn main() -> common::Result {
 
     let db = common::fresh_db("cron").await?;
     let engine = db.builder().function(heartbeat).build().await?;
-    let worker = common::spawn_worker(&engine);
+    let worker = engine.spawn_worker();
     let deadline = Instant::now() + Duration::from_secs(30);
     let done = RunFilter::new().function("heartbeat").state(RunState::Completed);
     loop {
         let page = engine.inspect().runs(&done).await?;
         if page.runs.len() >= 3 {
-            common::stop_worker(worker).await?;
+            worker.stop().await?;
             for r in page.runs.iter().rev() {
                 println!("run {} {:?}: {}", r.id, r.state, engine.run(r.id).await?.output.unwrap_or_default());
             }

@@ -25,10 +25,10 @@ async fn main() -> common::Result {
     let keyring = Keyring::new("2026-q4", [7u8; 32]).with_old_key("2026-q3", [3u8; 32]);
     let db = common::fresh_db("encryption").await?;
     let engine = db.builder().encryption(keyring).function(fetch).build().await?;
-    let worker = common::spawn_worker(&engine);
+    let worker = engine.spawn_worker();
     let run_id = engine.send(Event::new("token/needed", &"act_1")).await?.run_ids[0];
     let run = engine.wait_for_run(run_id, Duration::from_secs(30)).await?;
-    common::stop_worker(worker).await?;
+    worker.stop().await?;
 
     let stored: String = sqlx::query_scalar("SELECT output::text FROM durastep.step_results WHERE run_id = $1")
         .bind(run_id)

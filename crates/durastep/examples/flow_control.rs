@@ -59,11 +59,11 @@ async fn main() -> common::Result {
     let events =
         (0..12).map(|n| Event::new("budget/requested", &json!({"account": accounts[n % 2], "n": n}))).collect();
     let runs: Vec<_> = engine.send_batch(events).await?.into_iter().flat_map(|r| r.run_ids).collect();
-    let worker = common::spawn_worker(&engine);
+    let worker = engine.spawn_worker();
     for id in runs {
         engine.wait_for_run(id, Duration::from_secs(60)).await?;
     }
-    common::stop_worker(worker).await?;
+    worker.stop().await?;
 
     println!("12 runs done in {:.1} s", started.elapsed().as_secs_f64());
     let mut seen: Vec<_> = gauge.lock().unwrap().iter().map(|(k, v)| (k.clone(), v.1)).collect();

@@ -29,7 +29,7 @@ async fn main() -> common::Result {
 
     let db = common::fresh_db("sleep_until_zone").await?;
     let engine = db.builder().function(morning_report).build().await?;
-    let worker = common::spawn_worker(&engine);
+    let worker = engine.spawn_worker();
     let run_id = engine.send(Event::new("report/requested", &())).await?.run_ids[0];
 
     // Wait until it sleeps, then show when it will wake.
@@ -47,7 +47,7 @@ async fn main() -> common::Result {
     durastep::testing::advance_clock(&engine, until_wake).await?;
 
     let run = engine.wait_for_run(run_id, Duration::from_secs(30)).await?;
-    common::stop_worker(worker).await?;
+    worker.stop().await?;
     println!("run {:?}: {}", run.state, run.output.unwrap_or_default());
     Ok(())
 }

@@ -50,11 +50,11 @@ async fn main() -> common::Result {
     let db = common::fresh_db("step_tx").await?;
     let engine = db.builder().function(book).build().await?;
     engine.pool().execute("CREATE TABLE ledger (id bigserial PRIMARY KEY, cents bigint NOT NULL)").await?;
-    let worker = common::spawn_worker(&engine);
+    let worker = engine.spawn_worker();
 
     let run_id = engine.send(Event::new("payment/received", &4_200)).await?.run_ids[0];
     let run = engine.wait_for_run(run_id, Duration::from_secs(30)).await?;
-    common::stop_worker(worker).await?;
+    worker.stop().await?;
 
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger").fetch_one(engine.pool()).await?;
     println!("run {:?} after {} attempts; ledger rows: {rows} (exactly once)", run.state, run.attempt);

@@ -49,11 +49,11 @@ async fn main() -> common::Result {
 
     let db = common::fresh_db("steps_and_retries").await?;
     let engine = db.builder().function(order).build().await?;
-    let worker = common::spawn_worker(&engine);
+    let worker = engine.spawn_worker();
 
     let run_id = engine.send(Event::new("order/placed", &"A-1001")).await?.run_ids[0];
     let run = engine.wait_for_run(run_id, Duration::from_secs(30)).await?;
-    common::stop_worker(worker).await?;
+    worker.stop().await?;
 
     println!("run {run_id}: {:?} after {} attempts, output {}", run.state, run.attempt, run.output.unwrap_or_default());
     println!(

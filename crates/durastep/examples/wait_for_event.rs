@@ -35,7 +35,7 @@ async fn main() -> common::Result {
 
     let db = common::fresh_db("wait_for_event").await?;
     let engine = db.builder().function(fulfil).build().await?;
-    let worker = common::spawn_worker(&engine);
+    let worker = engine.spawn_worker();
     let one = engine.send(Event::new("order/placed", &1)).await?.run_ids[0];
     let two = engine.send(Event::new("order/placed", &2)).await?.run_ids[0];
 
@@ -52,6 +52,6 @@ async fn main() -> common::Result {
         let run = engine.wait_for_run(id, Duration::from_secs(30)).await?;
         println!("{:?}: {}", run.state, run.output.unwrap_or_default());
     }
-    common::stop_worker(worker).await?;
+    worker.stop().await?;
     Ok(())
 }

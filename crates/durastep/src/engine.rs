@@ -19,6 +19,7 @@ use crate::limits::{self, Limits};
 use crate::schedule::{self, CatchUp, Schedule};
 use crate::store;
 use crate::worker::{self, WorkerOptions};
+use crate::worker_handle::WorkerHandle;
 
 /// The registered versions of one function id.
 pub(crate) struct Versions {
@@ -305,6 +306,24 @@ impl Engine {
     /// ```
     pub async fn run_worker(&self, shutdown: CancellationToken) -> Result<(), Error> {
         worker::run(self.inner.clone(), shutdown).await
+    }
+
+    /// Runs a worker as a task of the current Tokio runtime, as
+    /// [`run_worker`](Self::run_worker) does, until the returned handle's
+    /// [`stop`](WorkerHandle::stop) (which waits for it) or until the handle
+    /// is dropped (which does not). Panics outside a Tokio runtime.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let worker = engine.spawn_worker();
+    /// tokio::signal::ctrl_c().await.ok();
+    /// worker.stop().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn spawn_worker(&self) -> WorkerHandle {
+        let shutdown = CancellationToken::new();
+        let (engine, stop) = (self.clone(), shutdown.clone());
+        WorkerHandle::spawn(shutdown, async move { engine.run_worker(stop).await })
     }
 
     /// One run, as stored now.

@@ -172,6 +172,7 @@ mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod worker;
+mod worker_handle;
 
 pub use codec::{CodecError, Keyring};
 pub use ctx::{ChildError, Ctx, EventMatch, Invoke, StepOptions, TxBody, TxFuture, WaitFor};
@@ -190,6 +191,7 @@ pub use journal::{Divergence, EntryKind, JournalEntry, UnknownEntryKind};
 pub use limits::{LimitError, Limits};
 pub use schedule::{CatchUp, CronTick, Schedule, ScheduleError};
 pub use worker::WorkerOptions;
+pub use worker_handle::WorkerHandle;
 
 /// The sqlx version Durastep is built on: use it for [`Engine::send_in`],
 /// [`Ctx::step_tx`] and your own queries, so the types match.

@@ -28,7 +28,7 @@ use uuid::Uuid;
 use crate::error::{Error, from_sqlx};
 use crate::failure::HandlerError;
 use crate::store;
-use crate::{Engine, Function, Run, RunState, WorkerOptions};
+use crate::{Engine, Function, Run, RunState, WorkerHandle, WorkerOptions};
 
 /// Moves the database clock forward by `by` and wakes listening workers.
 ///
@@ -163,8 +163,7 @@ impl Probe {
 pub struct TestEngine {
     engine: Engine,
     probe: Arc<Probe>,
-    stop: CancellationToken,
-    worker: tokio::task::JoinHandle<()>,
+    worker: WorkerHandle,
     lease: Duration,
     database: String,
     admin: sqlx::postgres::PgConnectOptions,
@@ -494,8 +493,8 @@ impl TestEngine {
     /// # async fn demo(t: durastep::testing::TestEngine) { t.shutdown().await; }
     /// ```
     pub async fn shutdown(self) {
-        self.stop.cancel();
-        let _ = self.worker.await;
+        // Its error, if any, was logged as it returned.
+        let _ = self.worker.stop().await;
         self.engine.pool().close().await;
         if let Ok(pool) = sqlx::PgPool::connect_with(self.admin.clone()).await {
             if let Err(e) = store::drop_database(&pool, &self.database).await {
@@ -613,13 +612,15 @@ impl TestEngineBuilder {
         let stop = CancellationToken::new();
         let worker = {
             let (engine, stop) = (engine.clone(), stop.clone());
-            tokio::spawn(async move {
-                if let Err(e) = engine.run_worker(stop).await {
+            WorkerHandle::spawn(stop.clone(), async move {
+                let result = engine.run_worker(stop).await;
+                if let Err(e) = &result {
                     tracing::warn!(error = %e, "test worker stopped");
                 }
+                result
             })
         };
-        Ok(TestEngine { engine, probe, stop, worker, lease, database, admin })
+        Ok(TestEngine { engine, probe, worker, lease, database, admin })
     }
 }
 

@@ -15,7 +15,6 @@ use durastep::{Ctx, Engine, Error, Event, Function, HandlerError, RunState, Work
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Executor, PgPool};
-use tokio_util::sync::CancellationToken;
 
 const DEADLINE: Duration = Duration::from_secs(15);
 
@@ -425,11 +424,7 @@ async fn run_as(app: &PgConnectOptions) -> Result<(), String> {
         .concurrency(durastep::Concurrency::new(1))
         .handler(|ctx: Ctx, n: i64| async move { ctx.step("one", || async move { Ok(n) }).await });
     let engine = engine_on(app, vec![steps, failing, limited], false).await.map_err(|e| fail(&e))?;
-    let shutdown = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (e, s) = (engine.clone(), shutdown.clone());
-        async move { e.run_worker(s).await }
-    });
+    let worker = engine.spawn_worker();
     let ok = engine.send(Event::new("role/go", &4).idempotency_key("k1")).await.map_err(|e| fail(&e))?;
     let again = engine.send(Event::new("role/go", &4).idempotency_key("k1")).await.map_err(|e| fail(&e))?;
     let bad = engine.send(Event::new("role/fail", &())).await.map_err(|e| fail(&e))?;
@@ -460,8 +455,7 @@ async fn run_as(app: &PgConnectOptions) -> Result<(), String> {
         .await
         .map_err(|e| format!("the handing send of {name}: {e}"))?;
     }
-    shutdown.cancel();
-    worker.await.map_err(|e| fail(&e))?.map_err(|e| fail(&e))?;
+    worker.stop().await.map_err(|e| fail(&e))?;
 
     if !again.duplicate || run.state != RunState::Completed || run.output != Some(json!(50)) {
         return Err(format!("run as the role: {run:?}, duplicate {}", again.duplicate));
@@ -532,15 +526,10 @@ async fn extreme_floats_run_and_replay_exactly(_p: PgPoolOptions, opts: PgConnec
         },
     );
     let engine = engine_on(&opts, vec![f], true).await.expect("engine");
-    let shutdown = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (e, s) = (engine.clone(), shutdown.clone());
-        async move { e.run_worker(s).await }
-    });
+    let worker = engine.spawn_worker();
     let receipt = engine.send(Event::new("floats/go", &json!({"max": f64::MAX}))).await.expect("send");
     let run = engine.wait_for_run(receipt.run_ids[0], DEADLINE).await.expect("run");
-    shutdown.cancel();
-    worker.await.expect("worker task").expect("worker");
+    worker.stop().await.expect("worker");
     assert_eq!(run.state, RunState::Completed, "{run:?}");
     assert_eq!(run.output, Some(json!({"replayed_exactly": true, "input": {"max": f64::MAX}})));
 }
@@ -574,14 +563,9 @@ async fn deepest_supported_nesting_runs_and_deeper_is_refused(_p: PgPoolOptions,
     let deepest = nested(durastep::limits::MAX_SUPPORTED_DEPTH);
     let receipt = engine.send(Event::new("deep/go", &deepest)).await.expect("send at the ceiling");
     drop_flat(deepest);
-    let shutdown = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (e, s) = (engine.clone(), shutdown.clone());
-        async move { e.run_worker(s).await }
-    });
+    let worker = engine.spawn_worker();
     let run = engine.wait_for_run(receipt.run_ids[0], DEADLINE).await.expect("run");
-    shutdown.cancel();
-    worker.await.expect("worker task").expect("worker");
+    worker.stop().await.expect("worker");
     assert_eq!((run.state, run.output.clone()), (RunState::Completed, Some(json!(true))), "{run:?}");
 
     let too_deep = nested(121);
@@ -641,15 +625,10 @@ async fn names_over_the_supported_ceiling_are_refused_before_sql(_p: PgPoolOptio
     engine.send(Event::new(name, &"x").idempotency_key(noise(&mut rng, cap))).await.expect("names at the cap");
     let long = engine.send(Event::new("keys/go", &long_step)).await.expect("send").run_ids[0];
     let capped = engine.send(Event::new("keys/go", &capped_step)).await.expect("send").run_ids[0];
-    let shutdown = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (e, s) = (engine.clone(), shutdown.clone());
-        async move { e.run_worker(s).await }
-    });
+    let worker = engine.spawn_worker();
     let long = engine.wait_for_run(long, DEADLINE).await.expect("run");
     let capped = engine.wait_for_run(capped, DEADLINE).await.expect("run");
-    shutdown.cancel();
-    worker.await.expect("worker task").expect("worker");
+    worker.stop().await.expect("worker");
     assert_eq!((long.state, long.attempt), (RunState::Failed, 1), "{long:?}");
     assert!(long.last_error.as_deref().unwrap_or("").contains("invalid step name"), "{long:?}");
     assert_eq!((capped.state, capped.output), (RunState::Completed, Some(json!(7))), "{:?}", capped.last_error);

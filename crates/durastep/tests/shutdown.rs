@@ -45,7 +45,7 @@ async fn running_attempt_finishes_within_the_grace_period(_p: PgPoolOptions, opt
     let w = common::spawn_worker(&engine);
     entered.reached("the handler to start").await;
 
-    w.shutdown.cancel();
+    w.request_stop();
     // Past several heartbeats and polls, the worker is still there, holding the run.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(!w.is_finished(), "the worker returned while an attempt was running");
@@ -122,4 +122,50 @@ async fn attempt_past_the_grace_is_released_and_finished_elsewhere(_p: PgPoolOpt
     let outcomes: Vec<_> = d.attempts.iter().map(|a| (a.attempt, a.outcome, a.error.clone())).collect();
     use durastep::inspect::AttemptOutcome::{Completed, Released};
     assert_eq!(outcomes, [(1, Released, None), (1, Completed, None)]);
+}
+
+/// A `WorkerHandle` dropped without `stop` still tells its worker to stop:
+/// the worker claims nothing more, gives its attempt the grace period and
+/// then releases its run, with no one waiting for it. Catches: a handle whose
+/// drop leaves the worker running (the gated attempt would hold its run, and
+/// a second run would be claimed and completed).
+#[sqlx::test(migrations = false)]
+async fn a_dropped_worker_handle_stops_its_worker(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let (entered, gate) = (Gate::new(), Gate::new());
+    let (e2, g2) = (entered.clone(), gate.clone());
+    let f = Function::new("held").on_event("go").handler(move |ctx: Ctx, first: bool| {
+        let (e2, g2) = (e2.clone(), g2.clone());
+        async move {
+            ctx.step("wait", || async move {
+                if first {
+                    e2.open();
+                    g2.wait().await;
+                }
+                Ok(())
+            })
+            .await
+        }
+    });
+    let options = WorkerOptions { shutdown_grace: Duration::from_millis(300), ..common::fast_options() };
+    let engine = common::engine_with(&opts, vec![f], options).await;
+    let held = engine.send(Event::new("go", &true)).await.unwrap().run_ids[0];
+    let worker = engine.spawn_worker();
+    entered.reached("the handler to start").await;
+
+    drop(worker);
+    let run =
+        common::wait_for_run_where(&engine, held, "the run to be released", |r| r.state == RunState::Queued).await;
+    assert_eq!(run.attempt, 1, "released, attempt not counted: {run:?}");
+    let later = engine.send(Event::new("go", &false)).await.unwrap().run_ids[0];
+    // Several of the stopped worker's polls (50 ms) and a NOTIFY later, the run is still queued.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(engine.run(later).await.unwrap().state, RunState::Queued);
+
+    gate.open();
+    let worker = engine.spawn_worker();
+    for id in [held, later] {
+        assert_eq!(common::finished(&engine, id).await.state, RunState::Completed);
+    }
+    worker.stop().await.unwrap();
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode, header};
-use durastep::{Ctx, Engine, Event, Function, HandlerError, Run, WorkerOptions};
+use durastep::{Ctx, Engine, Event, Function, HandlerError, Run, WorkerHandle, WorkerOptions};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
@@ -44,10 +44,7 @@ pub async fn engine(opts: &PgConnectOptions, functions: Vec<Function>) -> Engine
 
 /// A worker in the background until [`WorkerGuard::stop`] (or, without
 /// waiting for it, until the guard is dropped).
-pub struct WorkerGuard {
-    token: CancellationToken,
-    handle: Option<tokio::task::JoinHandle<Result<(), durastep::Error>>>,
-}
+pub struct WorkerGuard(WorkerHandle);
 
 impl WorkerGuard {
     /// Stops the worker and waits until it has. A test that runs a worker
@@ -55,25 +52,13 @@ impl WorkerGuard {
     /// connection to it is open, and a worker that was only told to stop
     /// (the guard dropped as the test returned) went on using its
     /// connections, so the database was left behind.
-    pub async fn stop(mut self) {
-        self.token.cancel();
-        if let Some(handle) = self.handle.take() {
-            tokio::time::timeout(DEADLINE, handle).await.expect("the worker stops").expect("join").expect("worker");
-        }
-    }
-}
-
-impl Drop for WorkerGuard {
-    fn drop(&mut self) {
-        self.token.cancel();
+    pub async fn stop(self) {
+        tokio::time::timeout(DEADLINE, self.0.stop()).await.expect("the worker stops").expect("worker");
     }
 }
 
 pub fn spawn_worker(engine: &Engine) -> WorkerGuard {
-    let token = CancellationToken::new();
-    let (e, t) = (engine.clone(), token.clone());
-    let handle = tokio::spawn(async move { e.run_worker(t).await });
-    WorkerGuard { token, handle: Some(handle) }
+    WorkerGuard(engine.spawn_worker())
 }
 
 /// `budget-push`: step `fetch` returns a secret-looking output, step `push`

@@ -5,12 +5,10 @@
 
 use std::time::Duration;
 
-use durastep::{Ctx, Engine, Error, Function, WorkerOptions};
+use durastep::{Ctx, Engine, Function, WorkerOptions};
 use durastep_testkit::url_of;
 use serde_json::Value;
 use sqlx::postgres::PgConnectOptions;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 /// The lease, the heartbeat interval and the reaper's interval.
 pub const LEASE: Duration = Duration::from_secs(3_600);
@@ -32,14 +30,4 @@ pub async fn engine(opts: &PgConnectOptions) -> Engine {
         .build()
         .await
         .unwrap()
-}
-
-/// A worker of `engine` in a task of its own, and the token that stops it.
-pub fn spawn_worker(engine: &Engine) -> (CancellationToken, JoinHandle<Result<(), Error>>) {
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (engine, stop) = (engine.clone(), stop.clone());
-        async move { engine.run_worker(stop).await }
-    });
-    (stop, worker)
 }

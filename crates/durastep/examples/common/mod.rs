@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use durastep::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use durastep::sqlx::{self, ConnectOptions};
-use durastep::{CancellationToken, Engine, EngineBuilder, WorkerOptions};
+use durastep::{Engine, EngineBuilder, WorkerOptions};
 
 /// What the examples return: any error, printed by `main`.
 pub type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -58,25 +58,4 @@ pub async fn fresh_db(name: &str) -> Result<ExampleDb> {
         println!("database {database}; it is kept: `durastep --database-url {url} runs ls` shows its runs");
     }
     Ok(ExampleDb { _server: local, pool })
-}
-
-/// A worker running in the background until the returned token is cancelled.
-pub fn spawn_worker(
-    engine: &Engine,
-) -> (CancellationToken, tokio::task::JoinHandle<std::result::Result<(), durastep::Error>>) {
-    let stop = CancellationToken::new();
-    let handle = tokio::spawn({
-        let (engine, stop) = (engine.clone(), stop.clone());
-        async move { engine.run_worker(stop).await }
-    });
-    (stop, handle)
-}
-
-/// Stops a worker from [`spawn_worker`] and waits for it to finish.
-pub async fn stop_worker(
-    (stop, handle): (CancellationToken, tokio::task::JoinHandle<std::result::Result<(), durastep::Error>>),
-) -> Result {
-    stop.cancel();
-    handle.await??;
-    Ok(())
 }

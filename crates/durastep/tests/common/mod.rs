@@ -9,11 +9,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use durastep::{Engine, Function, Limits, Run, WorkerOptions};
+use durastep::{Engine, Function, Limits, Run, WorkerHandle, WorkerOptions};
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// How long any single wait in a test may take before the test fails.
@@ -80,18 +79,13 @@ pub async fn try_engine(
     b.build().await
 }
 
-/// A worker in the background; cancel the token (or drop the guard) to stop it.
-pub struct WorkerGuard {
-    pub shutdown: CancellationToken,
-    pub handle: Option<tokio::task::JoinHandle<Result<(), durastep::Error>>>,
-}
+/// A worker in the background (the engine's own [`WorkerHandle`]); its
+/// `stop` fails the test if the worker returned an error.
+pub struct WorkerGuard(WorkerHandle);
 
 impl WorkerGuard {
-    pub async fn stop(mut self) {
-        self.shutdown.cancel();
-        if let Some(h) = self.handle.take() {
-            h.await.expect("worker task").expect("worker result");
-        }
+    pub async fn stop(self) {
+        self.0.stop().await.expect("worker result");
     }
 
     /// Stops the worker and fails the test if it takes longer than `limit`.
@@ -101,23 +95,19 @@ impl WorkerGuard {
             .unwrap_or_else(|_| panic!("worker did not stop within {limit:?}"));
     }
 
+    /// Tells the worker to stop without waiting for it.
+    pub fn request_stop(&self) {
+        self.0.request_stop();
+    }
+
     /// Whether the worker task has returned.
     pub fn is_finished(&self) -> bool {
-        self.handle.as_ref().is_none_or(|h| h.is_finished())
-    }
-}
-
-impl Drop for WorkerGuard {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
+        self.0.is_finished()
     }
 }
 
 pub fn spawn_worker(engine: &Engine) -> WorkerGuard {
-    let shutdown = CancellationToken::new();
-    let e = engine.clone();
-    let s = shutdown.clone();
-    WorkerGuard { shutdown, handle: Some(tokio::spawn(async move { e.run_worker(s).await })) }
+    WorkerGuard(engine.spawn_worker())
 }
 
 /// The database URL of a test's own database (for worker processes).

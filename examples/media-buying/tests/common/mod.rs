@@ -8,13 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use durastep::{Engine, Run, RunState, WorkerOptions};
+use durastep::{Engine, Run, RunState, WorkerHandle, WorkerOptions};
 use media_buying::functions::Services;
 use media_buying::sim::{SimClock, Simulators};
 use media_buying::{Platform, Settings, database, store};
 use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// The longest any one wait in a test may take.
@@ -202,31 +201,18 @@ impl World {
     }
 }
 
-/// A worker in this process; stopped when dropped (or by `stop`).
-pub struct Worker {
-    shutdown: CancellationToken,
-    handle: Option<tokio::task::JoinHandle<Result<(), durastep::Error>>>,
-}
+/// A worker in this process; stopped when dropped (or by `stop`, which
+/// waits for it and fails the test if the worker failed).
+pub struct Worker(WorkerHandle);
 
 impl Worker {
-    pub async fn stop(mut self) {
-        self.shutdown.cancel();
-        if let Some(h) = self.handle.take() {
-            h.await.expect("worker task").expect("worker");
-        }
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
+    pub async fn stop(self) {
+        self.0.stop().await.expect("worker");
     }
 }
 
 pub fn worker(engine: &Engine) -> Worker {
-    let shutdown = CancellationToken::new();
-    let (e, s) = (engine.clone(), shutdown.clone());
-    Worker { shutdown, handle: Some(tokio::spawn(async move { e.run_worker(s).await })) }
+    Worker(engine.spawn_worker())
 }
 
 /// Polls `check` every 20 ms until it holds; fails the test after [`DEADLINE`].

@@ -1,0 +1,99 @@
+//! A worker running in the background of the calling process
+//! ([`Engine::spawn_worker`](crate::Engine::spawn_worker)), and how to stop it
+//! and wait until it has.
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+
+/// A worker running as a task of the current Tokio runtime, from
+/// [`Engine::spawn_worker`](crate::Engine::spawn_worker).
+///
+/// [`stop`](Self::stop) tells it to stop and waits until it has: it claims
+/// nothing more, lets running attempts finish within the grace period
+/// ([`WorkerOptions::shutdown_grace`](crate::WorkerOptions::shutdown_grace)),
+/// and gives the rest back. Dropping the handle only tells it to stop; the
+/// task goes on, using its connections, for as long as that takes.
+/// So end with `stop` wherever something comes after the worker: a test
+/// whose database is dropped once no connection to it is open, a process
+/// that exits after its last line, a pool you close.
+///
+/// ```no_run
+/// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+/// let worker = engine.spawn_worker();
+/// engine.send(durastep::Event::new("user/signed-up", &7)).await?;
+/// // ... serve requests ...
+/// worker.stop().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "dropping the handle tells the worker to stop at once"]
+pub struct WorkerHandle {
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<Result<(), Error>>>,
+}
+
+impl WorkerHandle {
+    pub(crate) fn spawn<F>(shutdown: CancellationToken, worker: F) -> Self
+    where
+        F: Future<Output = Result<(), Error>> + Send + 'static,
+    {
+        WorkerHandle { task: Some(tokio::spawn(worker)), shutdown }
+    }
+
+    /// Tells the worker to stop without waiting for it (as dropping the
+    /// handle does); [`stop`](Self::stop) then waits.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let worker = engine.spawn_worker();
+    /// worker.request_stop();
+    /// // The attempts it runs have the grace period to finish.
+    /// worker.stop().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn request_stop(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Whether the worker has returned (it was stopped, or it failed: `stop`
+    /// then gives its error).
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) {
+    /// let worker = engine.spawn_worker();
+    /// assert!(!worker.is_finished());
+    /// # }
+    /// ```
+    pub fn is_finished(&self) -> bool {
+        self.task.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// Tells the worker to stop and waits until it has; returns what the
+    /// worker returned ([`Engine::run_worker`](crate::Engine::run_worker)).
+    /// A panic of the worker's task is resumed here.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
+    /// let worker = engine.spawn_worker();
+    /// worker.stop().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn stop(mut self) -> Result<(), Error> {
+        self.shutdown.cancel();
+        let Some(task) = self.task.take() else { return Ok(()) };
+        match task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Nothing aborts the task but the runtime shutting down.
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
