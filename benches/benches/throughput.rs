@@ -22,13 +22,19 @@
 //! Knobs (environment): `BENCH_WRITERS` (group-commit writer tasks per worker,
 //! default the engine's), `BENCH_POOL` (pool per worker process, default 10
 //! up to 4 processes and 6 at 8), `BENCH_DRAIN_RUNS` (runs of each drain of
-//! section 3, default 20,000), `BENCH_CLAIM_BATCH`, `BENCH_CLAIM_AHEAD`, `BENCH_ONLY` (`raw`, `matrix` or `drain`; `fk` runs
-//! only the cost of the step tables' foreign keys, with and without them;
-//! `indexes` that of the two dashboard-only indexes of `runs`),
-//! `BENCH_HISTORY=off` (the whole bench with the run history off: see
-//! `set_history`; never do this in production), `BENCH_MIXED=on` (every worker
-//! process also registers a function with a flow rule, none of whose runs is
-//! due: each claim round then sends the full claim beside the fast one).
+//! section 3, default 20,000), `BENCH_CLAIM_BATCH`, `BENCH_CLAIM_AHEAD`,
+//! `BENCH_ONLY` (`raw`, `matrix` or `drain`; `fk` runs only the cost of the
+//! step tables' foreign keys, with and without them; `indexes` that of the
+//! two dashboard-only indexes of `runs`; `warm` drains of 1 and 4 processes,
+//! each both cold, as in section 3, and with workers that first drained
+//! `BENCH_WARM_RUNS` runs (default 10,000), three alternated rounds),
+//! `BENCH_STATEMENTS=on` (after each drain, what each statement cost per
+//! 1,000 runs, from `pg_stat_statements`, which the server must preload: see
+//! `Statements`), `BENCH_HISTORY=off` (the whole bench with the run history
+//! off: see `set_history`; never do this in production), `BENCH_MIXED=on`
+//! (every worker process also registers a function with a flow rule, none of
+//! whose runs is due: each claim round then sends the full claim beside the
+//! fast one).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -37,7 +43,7 @@ use durastep_benches::db::{BenchDb, wait_for_count};
 use durastep_benches::functions::{self, NOOP1, NOOP10};
 use durastep_benches::process::{WorkerConfig, WorkerProcess};
 use durastep_benches::raw;
-use durastep_benches::report::{Table, machine_busy_cpu, ratio, result, thousands, verdict};
+use durastep_benches::report::{Table, machine_busy_cpu, process_cpu, ratio, result, thousands, verdict};
 use sqlx::PgPool;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_bench-worker");
@@ -87,10 +93,104 @@ struct Cell {
     elapsed: Duration,
     /// The machine's busy CPU time over the drain (zero where unknown).
     cpu: Duration,
+    /// The CPU time of the worker processes over the drain (zero where unknown).
+    worker_cpu: Duration,
+}
+
+/// The CPU time the worker processes have used so far.
+fn workers_cpu(workers: &[WorkerProcess]) -> Duration {
+    workers.iter().filter_map(|w| process_cpu(w.pid())).sum()
+}
+
+/// With `BENCH_STATEMENTS=on`: what each statement cost in a drain, from
+/// `pg_stat_statements` (the server must load it: `shared_preload_libraries
+/// = 'pg_stat_statements'`, then a restart), per 1,000 runs. Its executor
+/// time is wall time, so it grows with the backends that wait for a core;
+/// buffer hits and WAL records are the work itself.
+struct Statements;
+
+impl Statements {
+    /// Empties the statistics before a drain (None when not asked for, or
+    /// when the server does not load the extension).
+    async fn reset(pool: &PgPool) -> Option<Statements> {
+        if !std::env::var("BENCH_STATEMENTS").is_ok_and(|v| v == "on") {
+            return None;
+        }
+        // Backends report their counts to pg_stat_statements as each statement ends.
+        let sql = "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()";
+        match sqlx::raw_sql(sql).execute(pool).await {
+            Ok(_) => Some(Statements),
+            Err(e) => {
+                eprintln!("BENCH_STATEMENTS=on, but pg_stat_statements is not available: {e}");
+                None
+            }
+        }
+    }
+
+    /// Prints the statements of this database that cost most, per 1,000 runs.
+    async fn print(self, pool: &PgPool, title: &str, runs: usize) {
+        let rows: Vec<(i64, i64, f64, i64, i64, i64, String)> = sqlx::query_as(
+            "SELECT calls, rows, total_exec_time, shared_blks_hit, wal_records, wal_bytes::bigint,
+                    regexp_replace(left(query, 90), '\\s+', ' ', 'g')
+               FROM pg_stat_statements
+              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND query NOT LIKE '%pg_stat_statements%'
+              ORDER BY total_exec_time DESC LIMIT 8",
+        )
+        .fetch_all(pool)
+        .await
+        .expect("read pg_stat_statements");
+        let mut t = Table::new(
+            &format!("Statements of {title}, per 1,000 runs"),
+            &["calls", "rows", "executor ms", "buffer hits", "WAL records", "WAL bytes", "statement"],
+        );
+        let k = runs as f64 / 1_000.0;
+        for (calls, n, ms, hits, wal, wal_bytes, query) in rows {
+            t.row(vec![
+                format!("{:.1}", calls as f64 / k),
+                format!("{:.0}", n as f64 / k),
+                format!("{:.1}", ms / k),
+                format!("{:.0}", hits as f64 / k),
+                format!("{:.0}", wal as f64 / k),
+                format!("{:.0}", wal_bytes as f64 / k),
+                format!("`{}`", query.replace('|', "/")),
+            ]);
+        }
+        t.print();
+    }
 }
 
 fn unix_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_secs_f64()
+}
+
+/// The configuration of each of `procs` worker processes sharing `in_flight`.
+fn worker_config(procs: usize, in_flight: usize) -> WorkerConfig {
+    WorkerConfig {
+        in_flight: in_flight / procs,
+        writers: env_usize("BENCH_WRITERS").unwrap_or(WorkerConfig::default().writers),
+        claim_batch: env_usize("BENCH_CLAIM_BATCH").unwrap_or(WorkerConfig::default().claim_batch),
+        claim_ahead: env_usize("BENCH_CLAIM_AHEAD").unwrap_or(WorkerConfig::default().claim_ahead),
+        // 8 processes of 10 + 3 control connections would pass the default max_connections of 100.
+        pool: env_usize("BENCH_POOL").map_or((48 / procs).clamp(4, 10) as u32, |p| p as u32),
+        listen: true,
+        flow: std::env::var("BENCH_MIXED").is_ok_and(|v| v == "on"),
+    }
+}
+
+/// Sends `runs` events named `event` in batches of 1,000, due at `due` (or now).
+async fn enqueue(engine: &Engine, event: &str, runs: usize, due: Option<chrono::DateTime<chrono::Utc>>) {
+    let mut chunk = Vec::with_capacity(1000);
+    for i in 0..runs {
+        let e = Event::new(event, &i);
+        chunk.push(match due {
+            Some(at) => e.start_at(at),
+            None => e,
+        });
+        if chunk.len() == 1000 || i + 1 == runs {
+            engine.send_batch(std::mem::take(&mut chunk)).await.expect("enqueue");
+        }
+    }
 }
 
 /// Enqueues `runs` events (workers connected but idle), then starts the workers
@@ -102,31 +202,17 @@ async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs
         .execute(pool)
         .await
         .expect("reset");
-    let config = WorkerConfig {
-        in_flight: in_flight / procs,
-        writers: env_usize("BENCH_WRITERS").unwrap_or(WorkerConfig::default().writers),
-        claim_batch: env_usize("BENCH_CLAIM_BATCH").unwrap_or(WorkerConfig::default().claim_batch),
-        claim_ahead: env_usize("BENCH_CLAIM_AHEAD").unwrap_or(WorkerConfig::default().claim_ahead),
-        // 8 processes of 10 + 3 control connections would pass the default max_connections of 100.
-        pool: env_usize("BENCH_POOL").map_or((48 / procs).clamp(4, 10) as u32, |p| p as u32),
-        listen: true,
-        flow: std::env::var("BENCH_MIXED").is_ok_and(|v| v == "on"),
-    };
+    let config = worker_config(procs, in_flight);
     let mut workers = Vec::new();
     for _ in 0..procs {
         workers.push(WorkerProcess::spawn(WORKER, &db.url, &config).await);
     }
     let started = Instant::now();
-    let mut chunk = Vec::with_capacity(1000);
-    for i in 0..runs {
-        chunk.push(Event::new(event, &i));
-        if chunk.len() == 1000 || i + 1 == runs {
-            engine.send_batch(std::mem::take(&mut chunk)).await.expect("enqueue");
-        }
-    }
+    enqueue(engine, event, runs, None).await;
     let enqueue = started.elapsed();
     sqlx::query("ANALYZE durastep.runs, durastep.events").execute(pool).await.expect("analyze");
 
+    let statements = Statements::reset(pool).await;
     let cpu0 = machine_busy_cpu();
     let t0 = unix_now();
     for w in &mut workers {
@@ -140,11 +226,81 @@ async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs
         .fetch_one(pool)
         .await
         .expect("last finish");
+    let worker_cpu = workers_cpu(&workers);
     let stops = workers.into_iter().map(|w| tokio::spawn(w.stop()));
     for s in stops {
         s.await.expect("stop worker");
     }
-    Cell { enqueue, elapsed: Duration::from_secs_f64((last - t0).max(1e-6)), cpu }
+    if let Some(st) = statements {
+        st.print(pool, &format!("{runs} runs of {event}, {procs} process(es), {in_flight} in flight"), runs).await;
+    }
+    Cell { enqueue, elapsed: Duration::from_secs_f64((last - t0).max(1e-6)), cpu, worker_cpu }
+}
+
+/// As [`run_cell`], with workers that have worked before: they start (`go`)
+/// with nothing due, drain `warm` runs first (so that every connection they
+/// use has run the hot statements and loaded what it reads), then `runs`
+/// runs are enqueued due at one instant a few seconds ahead, and the drain
+/// is measured from that instant to the last completion. What a long-lived
+/// worker process pays per run, without what a new process and new
+/// connections pay once.
+async fn run_cell_warm(
+    db: &BenchDb,
+    engine: &Engine,
+    event: &str,
+    runs: usize,
+    procs: usize,
+    in_flight: usize,
+    warm: usize,
+) -> Cell {
+    let pool = engine.pool();
+    sqlx::query("TRUNCATE durastep.events, durastep.runs, durastep.step_results, durastep.step_journal CASCADE")
+        .execute(pool)
+        .await
+        .expect("reset");
+    let config = worker_config(procs, in_flight);
+    let mut workers = Vec::new();
+    for _ in 0..procs {
+        workers.push(WorkerProcess::spawn(WORKER, &db.url, &config).await);
+    }
+    for w in &mut workers {
+        w.go().await;
+    }
+    enqueue(engine, event, warm, None).await;
+    let sql = "SELECT count(*) FROM durastep.runs WHERE state = 'completed'";
+    let warmed = wait_for_count(pool, sql, warm as i64, Duration::from_millis(100), Duration::from_secs(180)).await;
+    assert!(warmed, "the warm-up runs did not complete in time");
+
+    // Due at one instant, far enough ahead for the whole enqueue.
+    let lead = Duration::from_secs_f64(2.0 + runs as f64 / 8_000.0);
+    let due: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT durastep.now() + make_interval(secs => $1)")
+        .bind(lead.as_secs_f64())
+        .fetch_one(pool)
+        .await
+        .expect("due time");
+    let started = Instant::now();
+    enqueue(engine, event, runs, Some(due)).await;
+    let enqueue = started.elapsed();
+    assert!(enqueue < lead, "the enqueue ({enqueue:?}) took longer than its lead ({lead:?})");
+    sqlx::query("ANALYZE durastep.runs, durastep.events").execute(pool).await.expect("analyze");
+    let t0 = due.timestamp_micros() as f64 / 1e6;
+    tokio::time::sleep(Duration::from_secs_f64((t0 - unix_now()).max(0.0))).await;
+    let cpu0 = machine_busy_cpu();
+    let warm_cpu = workers_cpu(&workers);
+    let done =
+        wait_for_count(pool, sql, (warm + runs) as i64, Duration::from_millis(100), Duration::from_secs(180)).await;
+    assert!(done, "runs did not complete in time");
+    let cpu = machine_busy_cpu().zip(cpu0).map_or(Duration::ZERO, |(b, a)| b.saturating_sub(a));
+    let last: f64 = sqlx::query_scalar("SELECT extract(epoch FROM max(finished_at))::float8 FROM durastep.runs")
+        .fetch_one(pool)
+        .await
+        .expect("last finish");
+    let worker_cpu = workers_cpu(&workers).saturating_sub(warm_cpu);
+    let stops = workers.into_iter().map(|w| tokio::spawn(w.stop()));
+    for s in stops {
+        s.await.expect("stop worker");
+    }
+    Cell { enqueue, elapsed: Duration::from_secs_f64((last - t0).max(1e-6)), cpu, worker_cpu }
 }
 
 /// Puts back (`on`) or drops the foreign keys of `step_results` and
@@ -253,6 +409,11 @@ fn cpu_ms_per_1k(cell: &Cell, runs: usize) -> f64 {
     cell.cpu.as_secs_f64() * 1e3 * 1_000.0 / runs as f64
 }
 
+/// The worker processes' CPU per 1,000 runs of a drain, in ms.
+fn worker_ms_per_1k(cell: &Cell, runs: usize) -> f64 {
+    cell.worker_cpu.as_secs_f64() * 1e3 * 1_000.0 / runs as f64
+}
+
 /// The middle value of `xs` (sorted in place).
 fn median(xs: &mut [f64]) -> f64 {
     xs.sort_by(f64::total_cmp);
@@ -352,6 +513,37 @@ async fn main() {
         removed_cost(&db, &engine, &pool, Removed::DashboardIndexes, drain).await;
     }
 
+    if std::env::var("BENCH_ONLY").is_ok_and(|o| o == "warm") {
+        let runs = env_usize("BENCH_DRAIN_RUNS").unwrap_or(20_000);
+        let warm = env_usize("BENCH_WARM_RUNS").unwrap_or(10_000);
+        let mut t = Table::new(
+            &format!("{} no-op single-step runs, cold and warm workers", thousands(runs as f64)),
+            &[
+                "round",
+                "processes",
+                "cold runs/s",
+                "cold CPU ms per 1,000 (workers)",
+                "warm runs/s",
+                "warm CPU ms per 1,000 (workers)",
+            ],
+        );
+        for round in 1..=3 {
+            for procs in [1, 4] {
+                let cold = run_cell(&db, &engine, NOOP1, runs, procs, 256).await;
+                let hot = run_cell_warm(&db, &engine, NOOP1, runs, procs, 256, warm).await;
+                t.row(vec![
+                    round.to_string(),
+                    procs.to_string(),
+                    thousands(runs as f64 / cold.elapsed.as_secs_f64()),
+                    format!("{:.0} ({:.0})", cpu_ms_per_1k(&cold, runs), worker_ms_per_1k(&cold, runs)),
+                    thousands(runs as f64 / hot.elapsed.as_secs_f64()),
+                    format!("{:.0} ({:.0})", cpu_ms_per_1k(&hot, runs), worker_ms_per_1k(&hot, runs)),
+                ]);
+            }
+        }
+        t.print();
+    }
+
     if runs_section("drain") {
         let runs = env_usize("BENCH_DRAIN_RUNS").unwrap_or(20_000);
         let mut t = Table::new(
@@ -361,7 +553,7 @@ async fn main() {
                 "processes",
                 "enqueue events/s",
                 "runs/s",
-                "CPU ms per 1,000 runs",
+                "CPU ms per 1,000 runs (of it, worker processes)",
                 "vs raw claim (32/trip)",
                 "target",
                 "verdict",
@@ -383,7 +575,7 @@ async fn main() {
                 procs.to_string(),
                 thousands(runs as f64 / cell.enqueue.as_secs_f64()),
                 thousands(runs_s),
-                format!("{cpu_per_1k:.0}"),
+                format!("{cpu_per_1k:.0} ({:.0})", worker_ms_per_1k(&cell, runs)),
                 ratio(runs_s, raw.claim32),
                 ">= 20,000 and >= 0.3x".into(),
                 verdict(runs_s >= 20_000.0 && runs_s >= 0.3 * raw.claim32),

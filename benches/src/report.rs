@@ -134,6 +134,17 @@ pub fn machine_busy_cpu() -> Option<Duration> {
     Some(Duration::from_millis(busy * 10))
 }
 
+/// The CPU time process `pid` has used so far (user and system, from
+/// `/proc/<pid>/stat`; None where that cannot be read).
+pub fn process_cpu(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces, in parentheses).
+    let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+    // utime and stime: fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
 /// Whether a figure meets its target, as a table cell.
 ///
 /// ```

@@ -6,7 +6,6 @@
 use durastep::Engine;
 use durastep_benches::process::WorkerConfig;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() {
@@ -28,16 +27,13 @@ async fn main() {
     println!("ready");
 
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
-    let shutdown = CancellationToken::new();
     let mut worker = None;
     while let Ok(Some(line)) = lines.next_line().await {
         if line.trim() == "go" && worker.is_none() {
-            let (engine, shutdown) = (engine.clone(), shutdown.clone());
-            worker = Some(tokio::spawn(async move { engine.run_worker(shutdown).await }));
+            worker = Some(engine.spawn_worker());
         }
     }
-    shutdown.cancel();
     if let Some(w) = worker {
-        w.await.expect("worker task").expect("worker");
+        w.stop().await.expect("worker");
     }
 }
