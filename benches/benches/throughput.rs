@@ -193,13 +193,11 @@ async fn enqueue(engine: &Engine, event: &str, runs: usize, due: Option<chrono::
     }
 }
 
-/// Enqueues `runs` events (workers connected but idle), then starts the workers
-/// and measures until the last run completes (by its `finished_at`: the bench and
-/// Postgres share this machine's clock).
-async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs: usize, in_flight: usize) -> Cell {
-    let pool = engine.pool();
+/// Empties the run tables and starts `procs` worker processes sharing
+/// `in_flight`, connected but not yet told to go.
+async fn fresh_workers(db: &BenchDb, engine: &Engine, procs: usize, in_flight: usize) -> Vec<WorkerProcess> {
     sqlx::query("TRUNCATE durastep.events, durastep.runs, durastep.step_results, durastep.step_journal CASCADE")
-        .execute(pool)
+        .execute(engine.pool())
         .await
         .expect("reset");
     let config = worker_config(procs, in_flight);
@@ -207,34 +205,63 @@ async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs
     for _ in 0..procs {
         workers.push(WorkerProcess::spawn(WORKER, &db.url, &config).await);
     }
+    workers
+}
+
+/// Where a measured drain started: its instant (Unix seconds, the clock the
+/// bench and Postgres share), the machine's busy CPU and the workers' CPU then.
+struct Start {
+    t0: f64,
+    cpu: Option<Duration>,
+    worker_cpu: Duration,
+}
+
+impl Start {
+    fn now(t0: f64, workers: &[WorkerProcess]) -> Start {
+        Start { t0, cpu: machine_busy_cpu(), worker_cpu: workers_cpu(workers) }
+    }
+}
+
+/// Waits until `completed` runs have completed, then stops the workers: the
+/// drain measured from `start` to the last completion (by its `finished_at`).
+async fn finish_drain(engine: &Engine, workers: Vec<WorkerProcess>, completed: usize, start: Start) -> Cell {
+    let pool = engine.pool();
+    let sql = "SELECT count(*) FROM durastep.runs WHERE state = 'completed'";
+    let done = wait_for_count(pool, sql, completed as i64, Duration::from_millis(100), Duration::from_secs(180)).await;
+    assert!(done, "runs did not complete in time");
+    let cpu = machine_busy_cpu().zip(start.cpu).map_or(Duration::ZERO, |(b, a)| b.saturating_sub(a));
+    let last: f64 = sqlx::query_scalar("SELECT extract(epoch FROM max(finished_at))::float8 FROM durastep.runs")
+        .fetch_one(pool)
+        .await
+        .expect("last finish");
+    let worker_cpu = workers_cpu(&workers).saturating_sub(start.worker_cpu);
+    let stops = workers.into_iter().map(|w| tokio::spawn(w.stop()));
+    for s in stops {
+        s.await.expect("stop worker");
+    }
+    Cell { enqueue: Duration::ZERO, elapsed: Duration::from_secs_f64((last - start.t0).max(1e-6)), cpu, worker_cpu }
+}
+
+/// Enqueues `runs` events (workers connected but idle), then starts the workers
+/// and measures until the last run completes.
+async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs: usize, in_flight: usize) -> Cell {
+    let pool = engine.pool();
+    let mut workers = fresh_workers(db, engine, procs, in_flight).await;
     let started = Instant::now();
     enqueue(engine, event, runs, None).await;
     let enqueue = started.elapsed();
     sqlx::query("ANALYZE durastep.runs, durastep.events").execute(pool).await.expect("analyze");
 
     let statements = Statements::reset(pool).await;
-    let cpu0 = machine_busy_cpu();
-    let t0 = unix_now();
+    let start = Start::now(unix_now(), &workers);
     for w in &mut workers {
         w.go().await;
     }
-    let sql = "SELECT count(*) FROM durastep.runs WHERE state = 'completed'";
-    let done = wait_for_count(pool, sql, runs as i64, Duration::from_millis(100), Duration::from_secs(180)).await;
-    assert!(done, "runs did not complete in time");
-    let cpu = machine_busy_cpu().zip(cpu0).map_or(Duration::ZERO, |(b, a)| b.saturating_sub(a));
-    let last: f64 = sqlx::query_scalar("SELECT extract(epoch FROM max(finished_at))::float8 FROM durastep.runs")
-        .fetch_one(pool)
-        .await
-        .expect("last finish");
-    let worker_cpu = workers_cpu(&workers);
-    let stops = workers.into_iter().map(|w| tokio::spawn(w.stop()));
-    for s in stops {
-        s.await.expect("stop worker");
-    }
+    let cell = finish_drain(engine, workers, runs, start).await;
     if let Some(st) = statements {
         st.print(pool, &format!("{runs} runs of {event}, {procs} process(es), {in_flight} in flight"), runs).await;
     }
-    Cell { enqueue, elapsed: Duration::from_secs_f64((last - t0).max(1e-6)), cpu, worker_cpu }
+    Cell { enqueue, ..cell }
 }
 
 /// As [`run_cell`], with workers that have worked before: they start (`go`)
@@ -254,15 +281,7 @@ async fn run_cell_warm(
     warm: usize,
 ) -> Cell {
     let pool = engine.pool();
-    sqlx::query("TRUNCATE durastep.events, durastep.runs, durastep.step_results, durastep.step_journal CASCADE")
-        .execute(pool)
-        .await
-        .expect("reset");
-    let config = worker_config(procs, in_flight);
-    let mut workers = Vec::new();
-    for _ in 0..procs {
-        workers.push(WorkerProcess::spawn(WORKER, &db.url, &config).await);
-    }
+    let mut workers = fresh_workers(db, engine, procs, in_flight).await;
     for w in &mut workers {
         w.go().await;
     }
@@ -285,22 +304,9 @@ async fn run_cell_warm(
     sqlx::query("ANALYZE durastep.runs, durastep.events").execute(pool).await.expect("analyze");
     let t0 = due.timestamp_micros() as f64 / 1e6;
     tokio::time::sleep(Duration::from_secs_f64((t0 - unix_now()).max(0.0))).await;
-    let cpu0 = machine_busy_cpu();
-    let warm_cpu = workers_cpu(&workers);
-    let done =
-        wait_for_count(pool, sql, (warm + runs) as i64, Duration::from_millis(100), Duration::from_secs(180)).await;
-    assert!(done, "runs did not complete in time");
-    let cpu = machine_busy_cpu().zip(cpu0).map_or(Duration::ZERO, |(b, a)| b.saturating_sub(a));
-    let last: f64 = sqlx::query_scalar("SELECT extract(epoch FROM max(finished_at))::float8 FROM durastep.runs")
-        .fetch_one(pool)
-        .await
-        .expect("last finish");
-    let worker_cpu = workers_cpu(&workers).saturating_sub(warm_cpu);
-    let stops = workers.into_iter().map(|w| tokio::spawn(w.stop()));
-    for s in stops {
-        s.await.expect("stop worker");
-    }
-    Cell { enqueue, elapsed: Duration::from_secs_f64((last - t0).max(1e-6)), cpu, worker_cpu }
+    let start = Start::now(t0, &workers);
+    let cell = finish_drain(engine, workers, warm + runs, start).await;
+    Cell { enqueue, ..cell }
 }
 
 /// Puts back (`on`) or drops the foreign keys of `step_results` and
