@@ -487,7 +487,8 @@ impl TestEngine {
         Ok(report)
     }
 
-    /// Stops the worker and drops the test database.
+    /// Stops the worker and drops the test database. A panic of the
+    /// worker's task (an engine bug) is resumed here, failing the test.
     ///
     /// ```no_run
     /// # async fn demo(t: durastep::testing::TestEngine) { t.shutdown().await; }
@@ -610,16 +611,16 @@ impl TestEngineBuilder {
         let probe = Arc::new(Probe::default());
         let _ = engine.inner.probe.set(probe.clone());
         let stop = CancellationToken::new();
-        let worker = {
-            let (engine, stop) = (engine.clone(), stop.clone());
-            WorkerHandle::spawn(stop.clone(), async move {
+        let worker = WorkerHandle::spawn(stop.clone(), {
+            let engine = engine.clone();
+            async move {
                 let result = engine.run_worker(stop).await;
                 if let Err(e) = &result {
                     tracing::warn!(error = %e, "test worker stopped");
                 }
                 result
-            })
-        };
+            }
+        });
         Ok(TestEngine { engine, probe, worker, lease, database, admin })
     }
 }
