@@ -14,7 +14,6 @@ use chrono::{DateTime, Datelike, Utc};
 use chrono_tz::Europe::Amsterdam;
 use durastep::{Engine, Schedule, WorkerOptions};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 use crate::functions::SUMMARY_CRON;
 use crate::sim::{SimClock, Simulators};
@@ -97,11 +96,7 @@ pub async fn run() -> Result<(), Error> {
          per 4 s per account (429 + Retry-After), one archived LinkedIn campaign",
     );
 
-    let shutdown = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        async move { engine.run_worker(shutdown).await }
-    });
+    let worker = engine.spawn_worker();
 
     // The clients send at once, as on a Friday evening: one task per client.
     let mut senders = tokio::task::JoinSet::new();
@@ -179,8 +174,7 @@ pub async fn run() -> Result<(), Error> {
         }
     }
     finance_import(&clock, &engine, &pool).await?;
-    shutdown.cancel();
-    worker.await.map_err(|e| Error::Usage(format!("worker task: {e}")))??;
+    worker.stop().await?;
     clock.say("worker stopped gracefully");
 
     report(&pool, &sims, &services.settings.on_call_channel).await?;

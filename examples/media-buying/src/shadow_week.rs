@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Datelike, NaiveTime, Utc};
 use chrono_tz::Europe::Amsterdam;
 use durastep::WorkerOptions;
-use tokio_util::sync::CancellationToken;
 
 use crate::demo::{Clock, clock_to, local, wait_finished};
 use crate::functions::{ShadowRequest, next_tiktok_push, request_shadow};
@@ -70,11 +69,7 @@ pub async fn run() -> Result<(), Error> {
         local(monday)
     ));
 
-    let shutdown = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        async move { engine.run_worker(shutdown).await }
-    });
+    let worker = engine.spawn_worker();
     let slots = [(9, 15), (14, 30), (23, 55)];
     let mut n = 0usize;
     for day in 0..7 {
@@ -129,8 +124,7 @@ pub async fn run() -> Result<(), Error> {
             local(wake)
         ));
     }
-    shutdown.cancel();
-    worker.await.map_err(|e| Error::Usage(format!("worker task: {e}")))??;
+    worker.stop().await?;
     clock.say(&format!(
         "TikTok received {} writes, all from the old writer: shadow mode wrote nothing",
         sims.tiktok.writes_received()

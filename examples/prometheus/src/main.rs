@@ -25,7 +25,6 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_util::sync::CancellationToken;
 
 const DEFAULT_ADDR: &str = "127.0.0.1:9000";
 const RUNS: u32 = 12;
@@ -86,11 +85,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()
         .await?;
 
-    let shutdown = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        async move { engine.run_worker(shutdown).await }
-    });
+    let worker = engine.spawn_worker();
 
     let mut runs = Vec::new();
     for n in 0..RUNS {
@@ -122,8 +117,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("{line}");
         }
     }
-    shutdown.cancel();
-    worker.await??;
+    worker.stop().await?;
     Ok(())
 }
 

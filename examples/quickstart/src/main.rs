@@ -29,7 +29,6 @@ use durastep::{Backoff, Ctx, Engine, Event, Function, HandlerError, RunState};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
-use tokio_util::sync::CancellationToken;
 
 const DATABASE: &str = "durastep_quickstart";
 
@@ -77,11 +76,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // A worker in this process. Any number of workers, in any number of
     // processes, can share the same database.
-    let shutdown = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        async move { engine.run_worker(shutdown).await }
-    });
+    let worker = engine.spawn_worker();
 
     // Send the event. The idempotency key says "this order, once".
     let order = OrderPlaced { order_id: new_order_id(), customer: "ada@example.com".into(), amount_cents: 4_200 };
@@ -143,8 +138,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ));
 
     // Graceful shutdown: the worker stops claiming and lets running attempts finish.
-    shutdown.cancel();
-    worker.await??;
+    worker.stop().await?;
     log.main("worker stopped gracefully; bye");
 
     if run.state == RunState::Completed { Ok(()) } else { Err(format!("the run ended {:?}", run.state).into()) }
