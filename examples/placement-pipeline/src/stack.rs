@@ -7,11 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use durastep::{Engine, Function, WorkerOptions};
+use durastep::{Engine, Function, WorkerHandle, WorkerOptions};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::clock::Clock;
@@ -119,8 +117,7 @@ pub struct Stack {
     pub clock_moved: Arc<std::sync::Mutex<(Duration, u32)>>,
     progress_every: Option<Duration>,
     http: reqwest::Client,
-    shutdown: CancellationToken,
-    workers: Vec<JoinHandle<Result<(), durastep::Error>>>,
+    workers: Vec<WorkerHandle>,
     _receiver: AbortOnDropHandle<()>,
 }
 
@@ -143,13 +140,7 @@ impl Stack {
         let receiver_stats = Arc::new(ReceiverStats::default());
         let (receiver_url, receiver) =
             crate::simulators::serve(receiver::router(engine.clone(), clock, receiver_stats.clone())).await?;
-        let shutdown = CancellationToken::new();
-        let workers = (0..config.workers.max(1))
-            .map(|_| {
-                let (engine, shutdown) = (engine.clone(), shutdown.clone());
-                tokio::spawn(async move { engine.run_worker(shutdown).await })
-            })
-            .collect();
+        let workers = (0..config.workers.max(1)).map(|_| engine.spawn_worker()).collect();
         Ok(Stack {
             engine,
             pool,
@@ -160,7 +151,6 @@ impl Stack {
             clock_moved: Arc::default(),
             progress_every: config.progress_every,
             http: reqwest::Client::new(),
-            shutdown,
             workers,
             _receiver: receiver,
         })
@@ -232,12 +222,12 @@ impl Stack {
 
     /// Stops the workers (gracefully) and the servers.
     pub async fn stop(self) -> Result<(), StackError> {
-        self.shutdown.cancel();
+        // All told at once, so that their grace periods run together.
+        for worker in &self.workers {
+            worker.request_stop();
+        }
         for worker in self.workers {
-            match worker.await {
-                Ok(result) => result?,
-                Err(e) => tracing::error!(error = %e, "worker task panicked"),
-            }
+            worker.stop().await?;
         }
         Ok(())
     }
