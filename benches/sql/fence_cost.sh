@@ -17,7 +17,8 @@
 #              same lock in exclusive mode in its transaction; not measured
 #              here (rare next to checkpoints);
 #   engine:    the engine's own group-commit statement for checkpoints
-#              (`flush_sql!`, cut out of the Rust source with python3): the
+#              (`flush_sql!`, cut out of the Rust source by
+#              checkpoint_flush.py): the
 #              row-lock fence plus everything else it does (twelve arrays in,
 #              one row out per write, the outcome of each).
 # Prints statements/s, the machine's busy CPU per 1,000 checkpoints (pgbench
@@ -109,26 +110,12 @@ SQL
 # parameters as pgbench variables.
 {
   echo "$pick"
-  python3 - <<'PY'
-import re
-src = open("crates/durastep/src/store/attempt.rs").read()
-body = re.search(r"macro_rules! flush_sql \{.*?concat!\(\s*(.*?)\n\s*\)\n\s*\};", src, re.S).group(1)
-fin = re.search(r'macro_rules! fin_none \{.*?"(.*?)"', src, re.S).group(1)
-fin_history = re.search(r'macro_rules! fin_none_history \{.*?"(.*?)"', src, re.S).group(1)
-plain = re.search(r'macro_rules! plain_inserts \{(.*?)\n\}', src, re.S).group(1)
-inserts = dict(re.findall(r'\((\w+)\) => \{\s*"(.*?)"', plain, re.S))
-fill = {"lock": "FOR NO KEY UPDATE SKIP LOCKED", "fin": fin, "fin_history": fin_history}
-def piece(m):
-    text, name, inner = m.groups()
-    if name is None:
-        return text
-    return inserts[inner] if name == "inserts" else fill[name]
-flush = "".join(piece(m) for m in re.finditer(r'"((?:[^"\\]|\\.)*)"|\$(\w+)(?:!\((\w*)\))?', body))
+  python3 benches/sql/checkpoint_flush.py | python3 -c '
+import re, sys
 names = ["cp_run", "cp_epoch", "cp_key", "cp_output", "dn_run", "dn_epoch", "dn_output", "cp_started",
          "cp_finished", "cp_attempt", "cp_position", "cp_kind"]
-flush = re.sub(r"\$(\d+)", lambda m: ":" + names[int(m.group(1)) - 1], flush)
-print(" ".join(flush.split()) + ";")
-PY
+flush = re.sub(r"\$(\d+)", lambda m: ":" + names[int(m.group(1)) - 1], sys.stdin.read())
+print(" ".join(flush.split()) + ";")'
 } >"$tmp/engine.sql"
 busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 for round in $(seq 1 "$rounds"); do

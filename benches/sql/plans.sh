@@ -42,22 +42,9 @@ psql -d "$db" -qc "SELECT count(*) FROM durastep.send_events(
     array_fill('{}'::text, ARRAY[$n]), array_fill(NULL::text, ARRAY[$n]),
     array_fill(NULL::timestamptz, ARRAY[$n]), array_fill(0, ARRAY[$n]))" -c "ANALYZE" >/dev/null
 script=$(mktemp)
-python3 - "$script" <<'PY'
-import re, sys
-src = open("crates/durastep/src/store/attempt.rs").read()
-body = re.search(r"macro_rules! flush_sql \{.*?concat!\(\s*(.*?)\n\s*\)\n\s*\};", src, re.S).group(1)
-fin = re.search(r'macro_rules! fin_none \{.*?"(.*?)"', src, re.S).group(1)
-fin_history = re.search(r'macro_rules! fin_none_history \{.*?"(.*?)"', src, re.S).group(1)
-plain = re.search(r'macro_rules! plain_inserts \{(.*?)\n\}', src, re.S).group(1)
-inserts = dict(re.findall(r'\((\w+)\) => \{\s*"(.*?)"', plain, re.S))
-# The macro's arguments as the checkpoint-only flush of plain inserts fills them.
-fill = {"lock": "FOR NO KEY UPDATE SKIP LOCKED", "fin": fin, "fin_history": fin_history}
-def piece(m):
-    text, name, inner = m.groups()
-    if name is None:
-        return text
-    return inserts[inner] if name == "inserts" else fill[name]
-flush = "".join(piece(m) for m in re.finditer(r'"((?:[^"\\]|\\.)*)"|\$(\w+)(?:!\((\w*)\))?', body))
+FLUSH_SQL=$(python3 benches/sql/checkpoint_flush.py) python3 - "$script" <<'PY'
+import os, re, sys
+flush = os.environ["FLUSH_SQL"]
 statements = [
     ("flush", flush,
      "uuid[], bigint[], text[], text[], uuid[], bigint[], text[], timestamptz[], timestamptz[], int[], int[], text[]",
