@@ -20,7 +20,6 @@ use durastep::{Engine, Event, Function, WorkerOptions};
 use durastep_benches::db::BenchDb;
 use durastep_benches::report::{Table, ratio, thousands};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 const ROUNDS: usize = 3;
 const KEYS: usize = 16;
@@ -88,11 +87,7 @@ async fn drain(db: &BenchDb, name: &str, runs: usize) -> f64 {
     if no_trigger {
         toggle(false).await;
     }
-    let shutdown = CancellationToken::new();
-    let worker = {
-        let (e, s) = (engine.clone(), shutdown.clone());
-        tokio::spawn(async move { e.run_worker(s).await })
-    };
+    let worker = engine.spawn_worker();
     let started = Instant::now();
     loop {
         let left: i64 =
@@ -108,8 +103,7 @@ async fn drain(db: &BenchDb, name: &str, runs: usize) -> f64 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let took = started.elapsed();
-    shutdown.cancel();
-    worker.await.expect("worker task").expect("worker");
+    worker.stop().await.expect("worker");
     if no_trigger {
         toggle(true).await;
     }

@@ -30,7 +30,6 @@ use durastep_benches::raw;
 use durastep_benches::report::{Table, ms, percentile, result, verdict};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
-use tokio_util::sync::CancellationToken;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::{Layer, filter::Targets};
 
@@ -182,15 +181,10 @@ async fn main() {
     let statements = (STATEMENTS.count.load(Ordering::Relaxed) - before) as f64 / counted_sends as f64;
 
     // In the same process.
-    let shutdown = CancellationToken::new();
-    let local = tokio::spawn({
-        let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        async move { engine.run_worker(shutdown).await }
-    });
+    let local = engine.spawn_worker();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let same = wake(&engine).await;
-    shutdown.cancel();
-    local.await.expect("worker task").expect("worker");
+    local.stop().await.expect("worker");
 
     let (p50_across, p50_mixed, p50_same) =
         (percentile(&across, 50.0), percentile(&mixed, 50.0), percentile(&same, 50.0));

@@ -19,7 +19,6 @@ use durastep_benches::report::{Table, ms, percentile, result, thousands, verdict
 use serde_json::Value;
 use sqlx::{PgPool, Row};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const STEPS: usize = 1000;
@@ -141,11 +140,7 @@ async fn main() {
         .build()
         .await
         .expect("build engine");
-    let shutdown = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        async move { engine.run_worker(shutdown).await }
-    });
+    let worker = engine.spawn_worker();
 
     let sent = Instant::now();
     let big = engine.send(Event::new("bench/replay1000", &0)).await.expect("send").run_ids[0];
@@ -185,8 +180,7 @@ async fn main() {
     // The claim's load expression alone.
     let one_scan = load_encoded(&pool, big).await;
 
-    shutdown.cancel();
-    worker.await.expect("worker task").expect("worker");
+    worker.stop().await.expect("worker");
 
     let med = |xs: &[Duration]| percentile(xs, 50.0);
     let mut enc = Table::new("The claim's load expression alone, with decode", &["encoding", "median", "p99"]);

@@ -27,7 +27,6 @@ use durastep_fuzzkit::{Source, check, depth, drop_flat, has_nul, max_depth, name
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio_util::sync::CancellationToken;
 
 /// The seed of this run (printed; `DURASTEP_SEED` replays one).
 fn seed(test: &str) -> u64 {
@@ -464,11 +463,7 @@ async fn send_hostile_events(opts: PgConnectOptions, limits: Limits, n: u64, tes
     // Every accepted run finishes: completed with its input (or, for a bad step
     // name, failed at that step). A value that could not be read back would
     // fail the claim of every run claimed with it, and they would stay running.
-    let shutdown = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (e, s) = (engine.clone(), shutdown.clone());
-        async move { e.run_worker(s).await }
-    });
+    let worker = engine.spawn_worker();
     let deadline = Instant::now() + Duration::from_secs(60);
     for (id, ctx, outcome) in &runs {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -486,8 +481,7 @@ async fn send_hostile_events(opts: PgConnectOptions, limits: Limits, n: u64, tes
             }
         }
     }
-    shutdown.cancel();
-    worker.await.expect("worker task").expect("worker");
+    worker.stop().await.expect("worker");
     let stuck: i64 =
         sqlx::query_scalar("SELECT count(*) FROM durastep.runs WHERE state NOT IN ('completed', 'failed')")
             .fetch_one(&pool)

@@ -29,7 +29,6 @@ use durastep_testkit::{checks, url_of, wait_for};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const EVENT: &str = "test/heartbeat-race";
@@ -92,11 +91,7 @@ async fn a_heartbeat_that_races_completions_counts_no_lost_lease(_p: PgPoolOptio
     let pool = engine.pool().clone();
     let events: Vec<Event> = (0..RUNS as u64).map(|n| Event::new(EVENT, &n)).collect();
     let ids: Vec<Uuid> = engine.send_batch(events).await.unwrap().into_iter().map(|r| r.run_ids[0]).collect();
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (engine, stop) = (engine.clone(), stop.clone());
-        async move { engine.run_worker(stop).await }
-    });
+    let worker = engine.spawn_worker();
 
     // 1. Every handler waits at the gate (so every run is held by the worker).
     wait_for("every handler at the gate", WAIT, || async {
@@ -139,8 +134,7 @@ async fn a_heartbeat_that_races_completions_counts_no_lost_lease(_p: PgPoolOptio
     })
     .await
     .unwrap();
-    stop.cancel();
-    worker.await.unwrap().unwrap();
+    worker.stop().await.unwrap();
     assert!(completed > 0, "no completion committed while the heartbeat was held: the race was not run");
     assert_eq!(lost_leases, 0, "{completed} runs completed under a held heartbeat; lost leases counted: {lost_leases}");
     assert_eq!(lost.load(Ordering::SeqCst), 0, "lost leases counted after the race");

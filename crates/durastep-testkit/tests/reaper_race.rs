@@ -24,13 +24,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use durastep::{Backoff, Ctx, Engine, Event, Function, WorkerOptions, failpoints};
+use durastep::{Backoff, Ctx, Engine, Event, Function, WorkerHandle, WorkerOptions, failpoints};
 use durastep_testkit::{checks, tier, url_of, wait_for};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const FAILPOINT: &str = "reaper-between-select-and-update";
@@ -103,8 +102,7 @@ struct Harness {
     engine: Engine,
     pool: PgPool,
     gates: Arc<Gates>,
-    stop: CancellationToken,
-    worker: tokio::task::JoinHandle<Result<(), durastep::Error>>,
+    worker: WorkerHandle,
 }
 
 async fn start(opts: &PgConnectOptions) -> Harness {
@@ -132,12 +130,8 @@ async fn start(opts: &PgConnectOptions) -> Harness {
         .await
         .unwrap();
     let pool = engine.pool().clone();
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (engine, stop) = (engine.clone(), stop.clone());
-        async move { engine.run_worker(stop).await }
-    });
-    Harness { engine, pool, gates, stop, worker }
+    let worker = engine.spawn_worker();
+    Harness { engine, pool, gates, worker }
 }
 
 impl Harness {
@@ -217,8 +211,7 @@ impl Harness {
     }
 
     async fn stop(self) {
-        self.stop.cancel();
-        self.worker.await.unwrap().unwrap();
+        self.worker.stop().await.unwrap();
     }
 }
 

@@ -125,14 +125,9 @@ async fn sslmode_require_verify_ca_and_verify_full_against_a_tls_cluster() {
         .await
         .unwrap();
     let receipt = engine.send(Event::new("tls/ping", &21u32)).await.unwrap();
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let worker = tokio::spawn({
-        let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        async move { engine.run_worker(shutdown).await }
-    });
+    let worker = engine.spawn_worker();
     let run = engine.wait_for_run(receipt.run_ids[0], Duration::from_secs(60)).await.unwrap();
-    shutdown.cancel();
-    worker.await.unwrap().unwrap();
+    worker.stop().await.unwrap();
     assert_eq!(run.state, RunState::Completed, "{run:?}");
     assert_eq!(run.output, Some(serde_json::json!(42)));
     let _ = std::fs::remove_dir_all(&certs);

@@ -57,11 +57,7 @@ async fn a_wake_up_for_a_class_with_a_claim_in_flight_is_not_lost(_p: PgPoolOpti
     // Counts the answers: each class's first claim finds nothing, and each
     // class then holds until the poll interval.
     failpoints::set(POINT, "pause(0)");
-    let stop = tokio_util::sync::CancellationToken::new();
-    let worker = tokio::spawn({
-        let (engine, stop) = (engine.clone(), stop.clone());
-        async move { engine.run_worker(stop).await }
-    });
+    let worker = engine.spawn_worker();
     wait_for("both classes' first claims", WAIT, || async { Ok((failpoints::hits(POINT) >= 2).then_some(())) })
         .await
         .unwrap();
@@ -99,6 +95,5 @@ async fn a_wake_up_for_a_class_with_a_claim_in_flight_is_not_lost(_p: PgPoolOpti
     .await
     .expect("the run waited for the poll interval: the wake-up was lost");
     assert_eq!(run.state, RunState::Completed, "{run:?}");
-    stop.cancel();
-    worker.await.unwrap().unwrap();
+    worker.stop().await.unwrap();
 }

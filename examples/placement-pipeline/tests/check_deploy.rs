@@ -194,17 +194,12 @@ async fn check_deploy_exits_1_when_a_run_in_flight_diverges(_p: PgPoolOptions, o
     let pool = PgPoolOptions::new().max_connections(4).connect_with(opts.clone()).await.unwrap();
     let old = pipeline_stack::build_engine(pool.clone(), vec![channel_post_of_an_older_build()]).await.unwrap();
     settings::migrate(&pool).await.unwrap();
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let worker = tokio::spawn({
-        let (old, shutdown) = (old.clone(), shutdown.clone());
-        async move { old.run_worker(shutdown).await }
-    });
+    let worker = old.spawn_worker();
     let change = change(79, Stage::Placement, "acme");
     let run_id = old.send(Event::new(Stage::Placement.event_name(), &change)).await.unwrap().run_ids[0];
     wait_until("the old build's run to sleep", || async { old.run(run_id).await.unwrap().state == RunState::Sleeping })
         .await;
-    shutdown.cancel();
-    worker.await.unwrap().unwrap();
+    worker.stop().await.unwrap();
 
     let before = snapshot(&pool).await;
     let reader = Reader::create(&opts).await;

@@ -14,7 +14,6 @@ use axum::http::{HeaderMap, Request, StatusCode, header};
 use durastep::{Ctx, Engine, Event, Function, HandlerError, Run, WorkerHandle, WorkerOptions};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use uuid::Uuid;
 
@@ -240,16 +239,11 @@ pub async fn diverged_run(
     others: Vec<Function>,
 ) -> (Engine, Uuid, WorkerGuard) {
     let v1 = engine(opts, vec![probe("lookup")]).await;
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn({
-        let (e, t) = (v1.clone(), stop.clone());
-        async move { e.run_worker(t).await }
-    });
+    let worker = spawn_worker(&v1);
     let id = v1.send(Event::new("probe/go", &json!({}))).await.expect("send").run_ids[0];
     wait_for(&v1, id, "the first build's run to sleep", |r| r.state == durastep::RunState::Sleeping).await;
     // Stopped for good before the clock moves: the first build must not wake it.
-    stop.cancel();
-    tokio::time::timeout(DEADLINE, worker).await.expect("the first worker stops").expect("join").expect("worker");
+    worker.stop().await;
     v1.pool().close().await;
 
     let mut functions = vec![probe(asked_step)];

@@ -170,11 +170,7 @@ pub async fn run(
         builder = builder.function(f);
     }
     let engine = builder.build().await?;
-    let stop_local = tokio_util::sync::CancellationToken::new();
-    let local_worker = tokio::spawn({
-        let (engine, stop) = (engine.clone(), stop_local.clone());
-        async move { engine.run_worker(stop).await }
-    });
+    let local_worker = engine.spawn_worker();
     let mut config = config;
     config.workload = true;
     if let Some(p) = proxy {
@@ -259,8 +255,7 @@ pub async fn run(
             break;
         }
     }
-    stop_local.cancel();
-    local_worker.await.map_err(|e| crate::Error::Unexpected(format!("the driver's worker: {e}")))??;
+    local_worker.stop().await?;
     out.count("runs_handed_by_their_send", sql::runs_handed_by_their_send(&pool).await?);
     out.count("drain_rounds", rounds);
     out.count("drain_ms", i64::try_from(drained_at.elapsed().as_millis()).unwrap_or(i64::MAX));
