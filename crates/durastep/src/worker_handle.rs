@@ -3,7 +3,7 @@
 //! and wait until it has.
 
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::error::Error;
 
@@ -31,7 +31,9 @@ use crate::error::Error;
 #[must_use = "dropping the handle tells the worker to stop at once"]
 pub struct WorkerHandle {
     shutdown: CancellationToken,
-    task: Option<JoinHandle<Result<(), Error>>>,
+    /// Cancels `shutdown` when the handle is dropped.
+    _stop_on_drop: DropGuard,
+    task: JoinHandle<Result<(), Error>>,
 }
 
 impl WorkerHandle {
@@ -39,7 +41,8 @@ impl WorkerHandle {
     where
         F: Future<Output = Result<(), Error>> + Send + 'static,
     {
-        WorkerHandle { task: Some(tokio::spawn(worker)), shutdown }
+        let task = tokio::spawn(worker);
+        WorkerHandle { _stop_on_drop: shutdown.clone().drop_guard(), shutdown, task }
     }
 
     /// Tells the worker to stop without waiting for it (as dropping the
@@ -67,7 +70,7 @@ impl WorkerHandle {
     /// # }
     /// ```
     pub fn is_finished(&self) -> bool {
-        self.task.as_ref().is_none_or(JoinHandle::is_finished)
+        self.task.is_finished()
     }
 
     /// Tells the worker to stop and waits until it has; returns what the
@@ -80,20 +83,13 @@ impl WorkerHandle {
     /// worker.stop().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn stop(mut self) -> Result<(), Error> {
+    pub async fn stop(self) -> Result<(), Error> {
         self.shutdown.cancel();
-        let Some(task) = self.task.take() else { return Ok(()) };
-        match task.await {
+        match self.task.await {
             Ok(result) => result,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             // Nothing aborts the task but the runtime shutting down.
             Err(_) => Ok(()),
         }
-    }
-}
-
-impl Drop for WorkerHandle {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
     }
 }
