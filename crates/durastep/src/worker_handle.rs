@@ -93,3 +93,43 @@ impl WorkerHandle {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A worker that returns once told to stop, with `result`.
+    fn until_stopped(result: fn() -> Result<(), Error>) -> WorkerHandle {
+        let shutdown = CancellationToken::new();
+        let stopped = shutdown.clone();
+        WorkerHandle::spawn(shutdown, async move {
+            stopped.cancelled().await;
+            result()
+        })
+    }
+
+    /// Catches: a `stop` that returns before the worker has, or that drops
+    /// what the worker returned.
+    #[tokio::test]
+    async fn stop_waits_for_the_worker_and_returns_what_it_returned() {
+        let worker = until_stopped(|| Ok(()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!worker.is_finished(), "the worker runs until it is told to stop");
+        worker.stop().await.expect("the worker returned Ok");
+
+        let failing = until_stopped(|| Err(Error::InvalidFunction("broken".into())));
+        let err = failing.stop().await.expect_err("the worker's error comes back");
+        assert!(matches!(err, Error::InvalidFunction(ref m) if m == "broken"), "{err:?}");
+    }
+
+    /// Catches: a panic of the worker's task swallowed by `stop` (a test
+    /// would pass with a dead worker).
+    #[tokio::test]
+    #[should_panic(expected = "the worker broke")]
+    async fn stop_resumes_a_panic_of_the_worker() {
+        let worker = until_stopped(|| panic!("the worker broke"));
+        worker.stop().await.ok();
+    }
+}
