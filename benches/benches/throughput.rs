@@ -19,7 +19,10 @@
 //! (4-process drain / 1-process drain) and `history_cost` (drain with history /
 //! without).
 //!
-//! Knobs (environment): `BENCH_WRITERS` (group-commit writer tasks per worker,
+//! Knobs (environment): `BENCH_MATRIX` (the cells of section 2 as
+//! `<runs in flight>x<processes>`, comma-separated, as `256x1,16x4`; default
+//! all four), `BENCH_MATRIX_RUNS` (runs per cell of section 2, default
+//! 10,000), `BENCH_WRITERS` (group-commit writer tasks per worker,
 //! default the engine's), `BENCH_POOL` (pool per worker process, default 10
 //! up to 4 processes and 6 at 8), `BENCH_DRAIN_RUNS` (runs of each drain of
 //! section 3, default 20,000), `BENCH_CLAIM_BATCH`, `BENCH_CLAIM_AHEAD`,
@@ -39,7 +42,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use durastep::{Engine, Event};
-use durastep_benches::db::{BenchDb, wait_for_count};
+use durastep_benches::db::{BenchDb, wait_until_drained};
 use durastep_benches::functions::{self, NOOP1, NOOP10};
 use durastep_benches::process::{WorkerConfig, WorkerProcess};
 use durastep_benches::raw;
@@ -53,6 +56,20 @@ const GROUP_TASKS: usize = 2;
 
 fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// The matrix's cells, `(runs in flight, processes)`: `BENCH_MATRIX` as
+/// `256x1,16x4`, by default all four of 16 and 256 in flight in 1 and 4
+/// processes.
+fn matrix_cells() -> Vec<(usize, usize)> {
+    let all = vec![(16, 1), (16, 4), (256, 1), (256, 4)];
+    let Ok(spec) = std::env::var("BENCH_MATRIX") else { return all };
+    spec.split(',')
+        .map(|cell| {
+            let parsed = cell.trim().split_once('x').and_then(|(f, p)| Some((f.parse().ok()?, p.parse().ok()?)));
+            parsed.unwrap_or_else(|| panic!("BENCH_MATRIX: {cell:?} is not <in flight>x<processes>, as 256x1"))
+        })
+        .collect()
 }
 
 fn runs_section(name: &str) -> bool {
@@ -222,14 +239,19 @@ impl Start {
     }
 }
 
-/// Waits until `completed` runs have completed, then stops the workers: the
-/// drain measured from `start` to the last completion (by its `finished_at`).
+/// Waits until no run is left to do, then checks that `completed` runs
+/// completed and stops the workers: the drain measured from `start` to the
+/// last completion (by its `finished_at`).
 async fn finish_drain(engine: &Engine, workers: Vec<WorkerProcess>, completed: usize, start: Start) -> Cell {
     let pool = engine.pool();
-    let sql = "SELECT count(*) FROM durastep.runs WHERE state = 'completed'";
-    let done = wait_for_count(pool, sql, completed as i64, Duration::from_millis(100), Duration::from_secs(180)).await;
+    let done = wait_until_drained(pool, Duration::from_millis(100), Duration::from_secs(180)).await;
     assert!(done, "runs did not complete in time");
     let cpu = machine_busy_cpu().zip(start.cpu).map_or(Duration::ZERO, |(b, a)| b.saturating_sub(a));
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM durastep.runs WHERE state = 'completed'")
+        .fetch_one(pool)
+        .await
+        .expect("count the completed runs");
+    assert_eq!(n, completed as i64, "runs drained, but not all of them completed");
     let last: f64 = sqlx::query_scalar("SELECT extract(epoch FROM max(finished_at))::float8 FROM durastep.runs")
         .fetch_one(pool)
         .await
@@ -286,8 +308,7 @@ async fn run_cell_warm(
         w.go().await;
     }
     enqueue(engine, event, warm, None).await;
-    let sql = "SELECT count(*) FROM durastep.runs WHERE state = 'completed'";
-    let warmed = wait_for_count(pool, sql, warm as i64, Duration::from_millis(100), Duration::from_secs(180)).await;
+    let warmed = wait_until_drained(pool, Duration::from_millis(100), Duration::from_secs(180)).await;
     assert!(warmed, "the warm-up runs did not complete in time");
 
     // Due at one instant, far enough ahead for the whole enqueue.
@@ -468,39 +489,38 @@ async fn main() {
     }
 
     if runs_section("matrix") {
-        let runs = 10_000;
+        let runs = env_usize("BENCH_MATRIX_RUNS").unwrap_or(10_000);
+        let cells = matrix_cells();
         let mut t = Table::new(
-            "10,000 runs of 10 no-op steps (all enqueued first)",
+            &format!("{} runs of 10 no-op steps (all enqueued first)", thousands(runs as f64)),
             &["runs in flight (total)", "processes", "runs/s", "steps/s", "vs raw", "target", "verdict"],
         );
-        for in_flight in [16, 256] {
-            for procs in [1, 4] {
-                let cell = run_cell(&db, &engine, NOOP10, runs, procs, in_flight).await;
-                let runs_s = runs as f64 / cell.elapsed.as_secs_f64();
-                let steps_s = runs_s * 10.0;
-                let (base, base_name, factor) = if in_flight == 16 {
-                    (raw.single16, "single-row commits", 0.8)
-                } else {
-                    (raw.group256, "group commit (256)", 0.3)
-                };
-                if procs == 1 {
-                    result(&format!("steps_{in_flight}_inflight"), steps_s, Some(steps_s / base));
-                }
-                t.row(vec![
-                    in_flight.to_string(),
-                    procs.to_string(),
-                    thousands(runs_s),
-                    thousands(steps_s),
-                    format!("{} of {base_name} {}", ratio(steps_s, base), thousands(base)),
-                    format!(">= {factor}x ({})", thousands(base * factor)),
-                    verdict(steps_s >= base * factor),
-                ]);
-                eprintln!(
-                    "matrix in_flight={in_flight} procs={procs}: {:.2} s (enqueue {:.2} s)",
-                    cell.elapsed.as_secs_f64(),
-                    cell.enqueue.as_secs_f64()
-                );
+        for (in_flight, procs) in cells {
+            let cell = run_cell(&db, &engine, NOOP10, runs, procs, in_flight).await;
+            let runs_s = runs as f64 / cell.elapsed.as_secs_f64();
+            let steps_s = runs_s * 10.0;
+            let (base, base_name, factor) = if in_flight == 16 {
+                (raw.single16, "single-row commits", 0.8)
+            } else {
+                (raw.group256, "group commit (256)", 0.3)
+            };
+            if procs == 1 {
+                result(&format!("steps_{in_flight}_inflight"), steps_s, Some(steps_s / base));
             }
+            t.row(vec![
+                in_flight.to_string(),
+                procs.to_string(),
+                thousands(runs_s),
+                thousands(steps_s),
+                format!("{} of {base_name} {}", ratio(steps_s, base), thousands(base)),
+                format!(">= {factor}x ({})", thousands(base * factor)),
+                verdict(steps_s >= base * factor),
+            ]);
+            eprintln!(
+                "matrix in_flight={in_flight} procs={procs}: {:.2} s (enqueue {:.2} s)",
+                cell.elapsed.as_secs_f64(),
+                cell.enqueue.as_secs_f64()
+            );
         }
         t.print();
     }
