@@ -241,8 +241,15 @@ impl Start {
 
 /// Waits until no run is left to do, then checks that `completed` runs
 /// completed and stops the workers: the drain measured from `start` to the
-/// last completion (by its `finished_at`).
-async fn finish_drain(engine: &Engine, workers: Vec<WorkerProcess>, completed: usize, start: Start) -> Cell {
+/// last completion (by its `finished_at`), after an enqueue that took
+/// `enqueue`.
+async fn finish_drain(
+    engine: &Engine,
+    workers: Vec<WorkerProcess>,
+    completed: usize,
+    start: Start,
+    enqueue: Duration,
+) -> Cell {
     let pool = engine.pool();
     let done = wait_until_drained(pool, Duration::from_millis(100), Duration::from_secs(180)).await;
     assert!(done, "runs did not complete in time");
@@ -261,7 +268,7 @@ async fn finish_drain(engine: &Engine, workers: Vec<WorkerProcess>, completed: u
     for s in stops {
         s.await.expect("stop worker");
     }
-    Cell { enqueue: Duration::ZERO, elapsed: Duration::from_secs_f64((last - start.t0).max(1e-6)), cpu, worker_cpu }
+    Cell { enqueue, elapsed: Duration::from_secs_f64((last - start.t0).max(1e-6)), cpu, worker_cpu }
 }
 
 /// Enqueues `runs` events (workers connected but idle), then starts the workers
@@ -279,11 +286,11 @@ async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs
     for w in &mut workers {
         w.go().await;
     }
-    let cell = finish_drain(engine, workers, runs, start).await;
+    let cell = finish_drain(engine, workers, runs, start, enqueue).await;
     if let Some(st) = statements {
         st.print(pool, &format!("{runs} runs of {event}, {procs} process(es), {in_flight} in flight"), runs).await;
     }
-    Cell { enqueue, ..cell }
+    cell
 }
 
 /// As [`run_cell`], with workers that have worked before: they start (`go`)
@@ -326,8 +333,7 @@ async fn run_cell_warm(
     let t0 = due.timestamp_micros() as f64 / 1e6;
     tokio::time::sleep(Duration::from_secs_f64((t0 - unix_now()).max(0.0))).await;
     let start = Start::now(t0, &workers);
-    let cell = finish_drain(engine, workers, warm + runs, start).await;
-    Cell { enqueue, ..cell }
+    finish_drain(engine, workers, warm + runs, start, enqueue).await
 }
 
 /// Puts back (`on`) or drops the foreign keys of `step_results` and
