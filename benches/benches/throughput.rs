@@ -22,7 +22,11 @@
 //! Knobs (environment): `BENCH_MATRIX` (the cells of section 2 as
 //! `<runs in flight>x<processes>`, comma-separated, as `256x1,16x4`; default
 //! all four), `BENCH_MATRIX_RUNS` (runs per cell of section 2, default
-//! 10,000), `BENCH_WRITERS` (group-commit writer tasks per worker,
+//! 10,000), `BENCH_ROUNDS` (rounds of section 2, default 1: with more, the
+//! cells alternate round by round, each round after the first measures its
+//! two raw bases again, and the table and `RESULT` lines give the medians of
+//! the values and of each round's ratio to its own base; this machine's
+//! noise between rounds reaches 20-30%), `BENCH_WRITERS` (group-commit writer tasks per worker,
 //! default the engine's), `BENCH_POOL` (pool per worker process, default 10
 //! up to 4 processes and 6 at 8), `BENCH_DRAIN_RUNS` (runs of each drain of
 //! section 3, default 20,000), `BENCH_CLAIM_BATCH`, `BENCH_CLAIM_AHEAD`,
@@ -102,6 +106,40 @@ async fn raw_baselines(pool: &PgPool) -> Raw {
     t.row(vec!["SKIP LOCKED claim, 1 row per round trip, 1 connection".into(), thousands(claim1)]);
     t.print();
     Raw { single16, group16, group256, claim32, claim1 }
+}
+
+/// The two raw rates the matrix's cells are ratios to: single-row commits
+/// (16 runs in flight) and 256-row group commits (256 in flight).
+struct MatrixBases {
+    single16: f64,
+    group256: f64,
+}
+
+impl MatrixBases {
+    fn of(raw: &Raw) -> MatrixBases {
+        MatrixBases { single16: raw.single16, group256: raw.group256 }
+    }
+
+    /// Both measured again, for a later round of the matrix (`BENCH_ROUNDS`).
+    async fn measure(pool: &PgPool) -> MatrixBases {
+        raw::setup(pool).await;
+        let window = Duration::from_secs(3);
+        let single16 = raw::single_row_commits(pool, 16, window).await;
+        let group256 = raw::group_commit(pool, GROUP_TASKS, 256, window).await;
+        sqlx::query("DROP SCHEMA raw CASCADE").execute(pool).await.expect("drop raw schema");
+        eprintln!("raw again: single-row commits {single16:.0}/s, group commit (256) {group256:.0} rows/s");
+        MatrixBases { single16, group256 }
+    }
+
+    /// The base of a cell with `in_flight` runs in flight: its rate, its
+    /// name and the target's factor.
+    fn for_in_flight(&self, in_flight: usize) -> (f64, &'static str, f64) {
+        if in_flight == 16 {
+            (self.single16, "single-row commits", 0.8)
+        } else {
+            (self.group256, "group commit (256)", 0.3)
+        }
+    }
 }
 
 /// What one configuration measured.
@@ -496,37 +534,59 @@ async fn main() {
 
     if runs_section("matrix") {
         let runs = env_usize("BENCH_MATRIX_RUNS").unwrap_or(10_000);
+        let rounds = env_usize("BENCH_ROUNDS").unwrap_or(1).max(1);
         let cells = matrix_cells();
+        // Per cell, each round's steps/s and the raw base it is a ratio to.
+        let mut measured: Vec<Vec<(f64, f64)>> = vec![Vec::new(); cells.len()];
+        for round in 0..rounds {
+            let bases = if round == 0 { MatrixBases::of(&raw) } else { MatrixBases::measure(&pool).await };
+            for (i, &(in_flight, procs)) in cells.iter().enumerate() {
+                let cell = run_cell(&db, &engine, NOOP10, runs, procs, in_flight).await;
+                let steps_s = runs as f64 * 10.0 / cell.elapsed.as_secs_f64();
+                measured[i].push((steps_s, bases.for_in_flight(in_flight).0));
+                eprintln!(
+                    "matrix round {} in_flight={in_flight} procs={procs}: {:.2} s (enqueue {:.2} s)",
+                    round + 1,
+                    cell.elapsed.as_secs_f64(),
+                    cell.enqueue.as_secs_f64()
+                );
+            }
+        }
+        let title = if rounds == 1 {
+            format!("{} runs of 10 no-op steps (all enqueued first)", thousands(runs as f64))
+        } else {
+            format!(
+                "{} runs of 10 no-op steps (all enqueued first), medians of {rounds} alternated rounds \
+                 (each round's ratio to its own raw base)",
+                thousands(runs as f64)
+            )
+        };
         let mut t = Table::new(
-            &format!("{} runs of 10 no-op steps (all enqueued first)", thousands(runs as f64)),
+            &title,
             &["runs in flight (total)", "processes", "runs/s", "steps/s", "vs raw", "target", "verdict"],
         );
-        for (in_flight, procs) in cells {
-            let cell = run_cell(&db, &engine, NOOP10, runs, procs, in_flight).await;
-            let runs_s = runs as f64 / cell.elapsed.as_secs_f64();
-            let steps_s = runs_s * 10.0;
-            let (base, base_name, factor) = if in_flight == 16 {
-                (raw.single16, "single-row commits", 0.8)
-            } else {
-                (raw.group256, "group commit (256)", 0.3)
-            };
+        for (&(in_flight, procs), rounds_of_cell) in cells.iter().zip(&measured) {
+            let steps_s = median(&mut rounds_of_cell.iter().map(|(v, _)| *v).collect::<Vec<_>>());
+            let steps_ratio = median(&mut rounds_of_cell.iter().map(|(v, base)| v / base).collect::<Vec<_>>());
+            let base = median(&mut rounds_of_cell.iter().map(|(_, base)| *base).collect::<Vec<_>>());
+            let (_, base_name, factor) = MatrixBases::of(&raw).for_in_flight(in_flight);
             if procs == 1 {
-                result(&format!("steps_{in_flight}_inflight"), steps_s, Some(steps_s / base));
+                result(&format!("steps_{in_flight}_inflight"), steps_s, Some(steps_ratio));
+            }
+            let mut steps = thousands(steps_s);
+            if rounds > 1 {
+                let each: Vec<String> = rounds_of_cell.iter().map(|(v, _)| thousands(*v)).collect();
+                steps = format!("{steps} ({})", each.join(" / "));
             }
             t.row(vec![
                 in_flight.to_string(),
                 procs.to_string(),
-                thousands(runs_s),
-                thousands(steps_s),
-                format!("{} of {base_name} {}", ratio(steps_s, base), thousands(base)),
+                thousands(steps_s / 10.0),
+                steps,
+                format!("{steps_ratio:.2}x of {base_name} {}", thousands(base)),
                 format!(">= {factor}x ({})", thousands(base * factor)),
-                verdict(steps_s >= base * factor),
+                verdict(steps_ratio >= factor),
             ]);
-            eprintln!(
-                "matrix in_flight={in_flight} procs={procs}: {:.2} s (enqueue {:.2} s)",
-                cell.elapsed.as_secs_f64(),
-                cell.enqueue.as_secs_f64()
-            );
         }
         t.print();
     }
