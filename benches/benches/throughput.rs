@@ -26,8 +26,8 @@
 //! cells alternate round by round, each round after the first measures its
 //! two raw bases again, and the table and `RESULT` lines give the medians of
 //! the values and of each round's ratio to its own base; this machine's
-//! noise between rounds reaches 20-30%), `BENCH_WRITERS` (group-commit writer tasks per worker,
-//! default the engine's), `BENCH_POOL` (pool per worker process, default 10
+//! noise between rounds reaches 20-30%), `BENCH_WRITERS` (group-commit
+//! writer tasks per worker, default the engine's), `BENCH_POOL` (pool per worker process, default 10
 //! up to 4 processes and 6 at 8), `BENCH_DRAIN_RUNS` (runs of each drain of
 //! section 3, default 20,000), `BENCH_CLAIM_BATCH`, `BENCH_CLAIM_AHEAD`,
 //! `BENCH_ONLY` (`raw`, `matrix` or `drain`; `fk` runs only the cost of the
