@@ -124,18 +124,14 @@ const DRAINED: &str = "SELECT NOT EXISTS (SELECT FROM (SELECT run_at FROM durast
 /// # }
 /// ```
 pub async fn wait_until_drained(pool: &PgPool, every: Duration, timeout: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let drained: bool = sqlx::query_scalar(DRAINED).fetch_one(pool).await.expect("drain check");
-        if drained {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            eprintln!("timed out with runs left to do");
-            return false;
-        }
-        tokio::time::sleep(every).await;
+    let drained = poll(every, timeout, || async {
+        sqlx::query_scalar::<_, bool>(DRAINED).fetch_one(pool).await.expect("drain check")
+    })
+    .await;
+    if !drained {
+        eprintln!("timed out with runs left to do");
     }
+    drained
 }
 
 /// Polls `sql` (a query returning one bigint) every `every` until it reaches
@@ -150,14 +146,27 @@ pub async fn wait_until_drained(pool: &PgPool, every: Duration, timeout: Duratio
 /// # }
 /// ```
 pub async fn wait_for_count(pool: &PgPool, sql: &'static str, target: i64, every: Duration, timeout: Duration) -> bool {
+    let count = || async { sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await.expect("count query") };
+    let reached = poll(every, timeout, || async { count().await >= target }).await;
+    if !reached {
+        eprintln!("timed out at {} of {target}: {sql}", count().await);
+    }
+    reached
+}
+
+/// Runs `done` every `every` until it returns true (then true) or `timeout`
+/// has passed (then false).
+async fn poll<F, Fut>(every: Duration, timeout: Duration, mut done: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let n: i64 = sqlx::query_scalar(sql).fetch_one(pool).await.expect("count query");
-        if n >= target {
+        if done().await {
             return true;
         }
         if tokio::time::Instant::now() >= deadline {
-            eprintln!("timed out at {n} of {target}: {sql}");
             return false;
         }
         tokio::time::sleep(every).await;
