@@ -58,8 +58,24 @@ const WORKER: &str = env!("CARGO_BIN_EXE_bench-worker");
 /// number of group-commit writer tasks in one worker.
 const GROUP_TASKS: usize = 2;
 
+/// The whole-number knobs, checked before anything runs.
+const KNOBS: [&str; 8] = [
+    "BENCH_MATRIX_RUNS",
+    "BENCH_ROUNDS",
+    "BENCH_DRAIN_RUNS",
+    "BENCH_WARM_RUNS",
+    "BENCH_WRITERS",
+    "BENCH_POOL",
+    "BENCH_CLAIM_BATCH",
+    "BENCH_CLAIM_AHEAD",
+];
+
+/// A whole-number knob: None when unset; a value that is not a whole
+/// number stops the bench with its name, instead of silently measuring the
+/// default.
 fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
+    let v = std::env::var(name).ok()?;
+    Some(v.trim().parse().unwrap_or_else(|_| panic!("{name}: {v:?} is not a whole number")))
 }
 
 /// The matrix's cells, `(runs in flight, processes)`: `BENCH_MATRIX` as
@@ -518,6 +534,11 @@ async fn set_history(pool: &PgPool, on: bool) {
 
 #[tokio::main]
 async fn main() {
+    // A knob that does not parse stops the bench before it creates its database.
+    for knob in KNOBS {
+        env_usize(knob);
+    }
+    matrix_cells();
     let db = BenchDb::create("throughput").await;
     let pool = db.pool(20).await;
     println!("# Throughput (database {})", db.name);
