@@ -561,14 +561,18 @@ async fn main() {
         let runs = env_usize("BENCH_MATRIX_RUNS").unwrap_or(10_000);
         let rounds = env_usize("BENCH_ROUNDS").unwrap_or(1).max(1);
         let cells = matrix_cells();
-        // Per cell, each round's steps/s and the raw base it is a ratio to.
+        // Per cell, each round's steps/s and the raw base it is a ratio to,
+        // and its machine's and workers' CPU per step (us).
         let mut measured: Vec<Vec<(f64, f64)>> = vec![Vec::new(); cells.len()];
+        let mut cpu: Vec<Vec<(f64, f64)>> = vec![Vec::new(); cells.len()];
         for round in 0..rounds {
             let bases = if round == 0 { MatrixBases::of(&raw) } else { MatrixBases::measure(&pool).await };
             for (i, &(in_flight, procs)) in cells.iter().enumerate() {
                 let cell = run_cell(&db, &engine, NOOP10, runs, procs, in_flight).await;
                 let steps_s = runs as f64 * 10.0 / cell.elapsed.as_secs_f64();
                 measured[i].push((steps_s, bases.for_in_flight(in_flight)));
+                let per_step = |d: Duration| d.as_secs_f64() * 1e6 / (runs as f64 * 10.0);
+                cpu[i].push((per_step(cell.cpu), per_step(cell.worker_cpu)));
                 eprintln!(
                     "matrix round {} in_flight={in_flight} procs={procs}: {:.2} s (enqueue {:.2} s)",
                     round + 1,
@@ -588,9 +592,18 @@ async fn main() {
         };
         let mut t = Table::new(
             &title,
-            &["runs in flight (total)", "processes", "runs/s", "steps/s", "vs raw", "target", "verdict"],
+            &[
+                "runs in flight (total)",
+                "processes",
+                "runs/s",
+                "steps/s",
+                "vs raw",
+                "target",
+                "verdict",
+                "CPU us per step (workers)",
+            ],
         );
-        for (&(in_flight, procs), rounds_of_cell) in cells.iter().zip(&measured) {
+        for ((&(in_flight, procs), rounds_of_cell), cpu_of_cell) in cells.iter().zip(&measured).zip(&cpu) {
             let steps_s = median(&mut rounds_of_cell.iter().map(|(v, _)| *v).collect::<Vec<_>>());
             let steps_ratio = median(&mut rounds_of_cell.iter().map(|(v, base)| v / base).collect::<Vec<_>>());
             let base = median(&mut rounds_of_cell.iter().map(|(_, base)| *base).collect::<Vec<_>>());
@@ -611,6 +624,11 @@ async fn main() {
                 format!("{steps_ratio:.2}x of {base_name} {}", thousands(base)),
                 format!(">= {factor}x ({})", thousands(base * factor)),
                 verdict(steps_ratio >= factor),
+                format!(
+                    "{:.1} ({:.1})",
+                    median(&mut cpu_of_cell.iter().map(|(m, _)| *m).collect::<Vec<_>>()),
+                    median(&mut cpu_of_cell.iter().map(|(_, w)| *w).collect::<Vec<_>>())
+                ),
             ]);
         }
         t.print();
