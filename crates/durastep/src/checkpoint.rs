@@ -24,6 +24,7 @@ use tokio::sync::{Mutex, Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::is_transient_sqlx;
+use crate::kept::Kept;
 use crate::store::{self, Flushed, LockWait, PendingWrite, WriteOutcome};
 
 type Reply = oneshot::Sender<Result<WriteOutcome, String>>;
@@ -85,7 +86,7 @@ impl Writer {
         stop: CancellationToken,
         config: WriterConfig,
     ) -> (Writer, Vec<tokio::task::JoinHandle<()>>) {
-        let (shared, tx) = Shared::queue();
+        let (shared, tx) = Shared::queue(pool.clone());
         // Supervised: a panicking flush fails its own batch (its steps see an
         // error and their attempts are retried), and the writer goes on.
         let handles = (0..config.tasks.max(1))
@@ -116,17 +117,20 @@ struct Shared {
     /// Writes of the flush that ended last: the steps it released are
     /// about to queue their next writes.
     released: AtomicUsize,
+    /// The writer tasks' connections, kept between flushes.
+    kept: Arc<Kept>,
 }
 
 impl Shared {
     /// The queue the steps write to, and what its writer tasks share.
-    fn queue() -> (Arc<Shared>, mpsc::Sender<(PendingWrite, Reply)>) {
+    fn queue(pool: PgPool) -> (Arc<Shared>, mpsc::Sender<(PendingWrite, Reply)>) {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let shared = Shared {
             rx: Mutex::new(rx),
             flushing: AtomicUsize::new(0),
             flushed: Notify::new(),
             released: AtomicUsize::new(0),
+            kept: Kept::new(pool),
         };
         (Arc::new(shared), tx)
     }
@@ -234,7 +238,7 @@ async fn writer_task(pool: PgPool, shared: Arc<Shared>, stop: CancellationToken,
         for range in ranges {
             let chunk: Vec<PendingWrite> = writes.by_ref().take(range.len()).collect();
             let chunk_replies: Vec<Reply> = replies.by_ref().take(range.len()).collect();
-            flush_chunk(&pool, chunk, chunk_replies, config.retry_for).await;
+            flush_chunk(&pool, &shared.kept, chunk, chunk_replies, config.retry_for).await;
         }
     }
 }
@@ -244,9 +248,15 @@ async fn writer_task(pool: PgPool, shared: Arc<Shared>, stop: CancellationToken,
 /// so the next batches go on). If the server refuses a chunk of several writes,
 /// each is flushed alone: one write the database refuses (an oversized value,
 /// say) fails only its own step, not the others.
-async fn flush_chunk(pool: &PgPool, writes: Vec<PendingWrite>, replies: Vec<Reply>, retry_for: Duration) {
+async fn flush_chunk(
+    pool: &PgPool,
+    kept: &Arc<Kept>,
+    writes: Vec<PendingWrite>,
+    replies: Vec<Reply>,
+    retry_for: Duration,
+) {
     let started = Instant::now();
-    let result = flush_with_retry(pool, &writes, retry_for, LockWait::Skip).await;
+    let result = flush_with_retry(kept, &writes, retry_for, LockWait::Skip).await;
     crate::metrics::checkpoint_flushed(started.elapsed(), writes.len());
     match result {
         Ok(outcomes) => {
@@ -309,7 +319,7 @@ async fn flush_chunk(pool: &PgPool, writes: Vec<PendingWrite>, replies: Vec<Repl
 /// Flushes writes apart from the batch, waiting for their run rows' locks.
 async fn flush_apart(pool: PgPool, busy: Vec<(PendingWrite, Reply)>, retry_for: Duration) {
     let (writes, replies): (Vec<PendingWrite>, Vec<Reply>) = busy.into_iter().unzip();
-    match flush_with_retry(&pool, &writes, retry_for, LockWait::Wait).await {
+    match flush_with_retry(&Kept::new(pool), &writes, retry_for, LockWait::Wait).await {
         Ok(outcomes) => {
             for (reply, outcome) in replies.into_iter().zip(outcomes) {
                 let outcome = match outcome {
@@ -348,7 +358,7 @@ fn chunks_by_bytes(writes: &[PendingWrite], cap: usize) -> Vec<std::ops::Range<u
 }
 
 async fn flush_with_retry(
-    pool: &PgPool,
+    kept: &Arc<Kept>,
     writes: &[PendingWrite],
     retry_for: Duration,
     locks: LockWait,
@@ -366,7 +376,13 @@ async fn flush_with_retry(
         if faults && crate::failpoints::eval("checkpoint-before-commit").await {
             return Err(sqlx::Error::Protocol("failpoint checkpoint-before-commit".into()));
         }
-        match store::flush_writes(pool, writes, locks).await {
+        // A connection whose flush failed goes back to the pool, whose test
+        // of it closes it if it broke.
+        let flushed = match kept.take().await {
+            Ok(mut conn) => store::flush_writes(&mut conn, writes, locks).await.inspect(|_| kept.keep(conn)),
+            Err(e) => Err(e),
+        };
+        match flushed {
             Err(e) if is_transient_sqlx(&e) && started.elapsed() < retry_for => {
                 tracing::warn!(error = %e, "checkpoint flush failed; retrying");
                 tokio::time::sleep(delay).await;
@@ -412,6 +428,11 @@ mod tests {
         }
     }
 
+    /// A pool that never connects: these tests flush nothing.
+    fn nowhere() -> PgPool {
+        sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://nobody@127.0.0.1:1/none").unwrap()
+    }
+
     async fn queue(tx: &mpsc::Sender<(PendingWrite, Reply)>, n: usize) {
         for _ in 0..n {
             tx.send((cp(1), oneshot::channel().0)).await.unwrap();
@@ -424,7 +445,7 @@ mod tests {
     /// 20-40% slower), instead of adding them to the next flush.
     #[tokio::test]
     async fn a_small_batch_waits_for_the_flush_in_flight() {
-        let (shared, tx) = Shared::queue();
+        let (shared, tx) = Shared::queue(nowhere());
         let in_flight = Flushing::start(&shared, 1);
         queue(&tx, 3).await;
         let collector = {
@@ -450,7 +471,7 @@ mod tests {
     /// commit at a time).
     #[tokio::test]
     async fn a_batch_worth_a_commit_goes_beside_the_flush_in_flight() {
-        let (shared, tx) = Shared::queue();
+        let (shared, tx) = Shared::queue(nowhere());
         let _in_flight = Flushing::start(&shared, 1);
         queue(&tx, OVERLAP_MIN_BATCH).await;
         let mut batch = Vec::new();
@@ -459,7 +480,7 @@ mod tests {
         assert_eq!(go, Ok(true), "a full batch waited for the flush in flight");
         assert_eq!(batch.len(), OVERLAP_MIN_BATCH);
         // With nothing in flight, one write goes at once.
-        let (shared, tx) = Shared::queue();
+        let (shared, tx) = Shared::queue(nowhere());
         queue(&tx, 1).await;
         let mut batch = Vec::new();
         assert!(collect(&shared, &mut batch, &CancellationToken::new(), 512).await);
@@ -471,7 +492,7 @@ mod tests {
     /// in flight, flushes of 1 and of 15 writes alternated).
     #[tokio::test]
     async fn the_steps_a_flush_released_join_the_next_flush() {
-        let (shared, tx) = Shared::queue();
+        let (shared, tx) = Shared::queue(nowhere());
         drop(Flushing::start(&shared, 3));
         queue(&tx, 1).await;
         for _ in 0..2 {
@@ -495,7 +516,7 @@ mod tests {
     /// or dropped the writes it had collected.
     #[tokio::test]
     async fn a_stopping_writer_flushes_what_it_collected() {
-        let (shared, tx) = Shared::queue();
+        let (shared, tx) = Shared::queue(nowhere());
         let _in_flight = Flushing::start(&shared, 1);
         queue(&tx, 2).await;
         let stop = CancellationToken::new();
@@ -511,7 +532,7 @@ mod tests {
     /// produce faster than the database commits grew memory without bound.
     #[tokio::test]
     async fn the_writer_queue_is_bounded() {
-        let pool = sqlx::postgres::PgPoolOptions::new().connect_lazy("postgres://nobody@127.0.0.1:1/none").unwrap();
+        let pool = nowhere();
         let stop = CancellationToken::new();
         let config = WriterConfig { tasks: 1, max_batch: 1, retry_for: Duration::ZERO };
         let (writer, handles) = Writer::spawn(pool, stop.clone(), config);

@@ -165,6 +165,7 @@ pub mod flow;
 mod function;
 pub mod inspect;
 mod journal;
+mod kept;
 pub mod limits;
 pub mod metrics;
 mod schedule;

@@ -24,6 +24,7 @@ use crate::engine::EngineInner;
 use crate::error::{Error, from_sqlx};
 use crate::failure::{HandlerError, HandlerResult};
 use crate::journal::Journal;
+use crate::kept::Kept;
 use crate::limits;
 use crate::metrics;
 use crate::store::{self, ClaimedRun, Fence, PendingWrite, WriteOutcome};
@@ -368,6 +369,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         // full claim) at most two (a second one only while that class's
         // claims came back full).
         let mut claims: tokio::task::JoinSet<ClaimDone> = tokio::task::JoinSet::new();
+        // Their connections, kept from a claim that brought runs to the next.
+        let claim_conns = Kept::new(engine.pool.clone());
         // What each statement in flight is: its class and the runs it may bring.
         let mut in_flight: HashMap<tokio::task::Id, Sent> = HashMap::new();
         // Answers that came while another claim of their class was in flight
@@ -475,12 +478,13 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 } else {
                     idle.saturating_sub(covered).max(1).min(room.min(batch))
                 };
-                let (engine, classes) = (engine.clone(), classes.clone());
+                let (engine, classes, conns) = (engine.clone(), classes.clone(), claim_conns.clone());
                 let queue = if last_full[c] { store::Queue::Backlog } else { store::Queue::Few };
                 let task = claims.spawn(async move {
                     // The lease starts when the database runs the claim: count from before we send it.
                     let sent = Instant::now();
-                    let (result, next_due) = claim_class(&engine, &classes, fast, cap, worker_id, queue).await;
+                    let claim = Claim { fast, cap, worker_id, queue };
+                    let (result, next_due) = claim_class(&engine, &classes, &conns, claim).await;
                     ClaimDone { result, fast, cap, sent, received: Instant::now(), next_due }
                 });
                 in_flight.insert(task.id(), Sent { fast, cap });
@@ -739,23 +743,28 @@ impl ClaimClasses {
 async fn claim_class(
     engine: &Arc<EngineInner>,
     classes: &Arc<ClaimClasses>,
-    fast: bool,
-    cap: usize,
-    worker_id: Uuid,
-    queue: store::Queue,
+    conns: &Arc<Kept>,
+    Claim { fast, cap, worker_id, queue }: Claim,
 ) -> (Result<(Vec<ClaimedRun>, i64), String>, Option<Duration>) {
     let claim = tokio::spawn({
-        let (engine, classes) = (engine.clone(), classes.clone());
+        let (engine, classes, conns) = (engine.clone(), classes.clone(), conns.clone());
         async move {
             crate::failpoint!("claim-before-commit", Err("failpoint claim-before-commit".to_owned()));
             let (lease, functions) = (engine.worker.lease, classes.of_class(fast));
             let sent = Instant::now();
             let limit = i64::try_from(cap).unwrap_or(i64::MAX);
+            let mut conn = conns.take().await.map_err(|e| e.to_string())?;
             let claimed = if fast {
-                store::claim_fast(&engine.pool, functions, limit, lease, worker_id, queue).await
+                store::claim_fast(&mut conn, functions, limit, lease, worker_id, queue).await
             } else {
-                store::claim_runnable(&engine.pool, functions, limit, lease, worker_id, queue).await
+                store::claim_runnable(&mut conn, functions, limit, lease, worker_id, queue).await
             };
+            // Kept for the next claim when this one brought runs (more are
+            // likely due); after an empty or a failed claim it goes back to
+            // the pool (whose test closes it if it broke).
+            if matches!(&claimed, Ok((runs, _)) if !runs.is_empty()) {
+                conns.keep(conn);
+            }
             let (runs, moved) = claimed.map_err(|e| e.to_string())?;
             metrics::claimed(sent.elapsed(), runs.len(), fast);
             if !runs.is_empty() {
@@ -803,6 +812,16 @@ where
             }
         }
     })
+}
+
+/// A claim statement to send: its class (`fast`: the fast claim's
+/// functions), how many runs it may bring, for which worker, and which of
+/// the class's two statements.
+struct Claim {
+    fast: bool,
+    cap: usize,
+    worker_id: Uuid,
+    queue: store::Queue,
 }
 
 /// A claim statement in flight: its class (`fast`: the fast claim's

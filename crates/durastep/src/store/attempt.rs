@@ -269,7 +269,7 @@ pub(crate) enum LockWait {
 /// application's `send_in` that cancels the run, left open) does not hold up
 /// the other runs' writes: its writes come back [`Flushed::Busy`].
 pub(crate) async fn flush_writes(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     writes: &[PendingWrite],
     locks: LockWait,
 ) -> Result<Vec<Flushed>, sqlx::Error> {
@@ -313,15 +313,14 @@ pub(crate) async fn flush_writes(
             .bind(&cp_attempt)
             .bind(&cp_pos)
             .bind(&cp_kind)
-            .fetch_all(pool)
     };
     // Plain inserts first; a step row already stored (a
     // flush repeated after an ambiguous commit) fails that statement whole,
     // and the same writes go again adopting what is stored.
-    let rows = match flush(Conflicts::Fail).await {
+    let rows = match flush(Conflicts::Fail).fetch_all(&mut *conn).await {
         Err(e) if is_stored_step(&e) => {
             tracing::debug!(writes = writes.len(), "a step of the flush is stored already; flushing again to adopt it");
-            flush(Conflicts::Adopt).await?
+            flush(Conflicts::Adopt).fetch_all(&mut *conn).await?
         }
         rows => rows?,
     };
@@ -361,7 +360,7 @@ pub(crate) async fn flush_writes(
         )
         .bind(&runs)
         .bind(&keys)
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?;
         for (ord, output) in stored {
             cp_result[conflicts[(ord - 1) as usize]] = WriteOutcome::Adopted(output);
@@ -378,7 +377,7 @@ pub(crate) async fn flush_writes(
         )
         .bind(&runs)
         .bind(&epochs)
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?;
         for ord in done {
             dn_result[unfinished[(ord - 1) as usize]] = WriteOutcome::Stored;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::{records_of, secs};
@@ -118,7 +118,7 @@ pub(crate) struct Handled {
 /// slots wake their parked runs. Returns the claimed runs and how many other runs
 /// it parked, skipped or woke (the caller claims again at once when that is > 0).
 pub(crate) async fn claim_runnable(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     functions: &Handled,
     limit: i64,
     lease: Duration,
@@ -133,7 +133,7 @@ pub(crate) async fn claim_runnable(
         .bind(secs(crate::flow::PARK_RECHECK))
         .bind(&functions.version_ids)
         .bind(&functions.versions)
-        .fetch_all(pool)
+        .fetch_all(conn)
         .await?;
     claimed_runs(rows, Records::Stored)
 }
@@ -145,7 +145,7 @@ pub(crate) async fn claim_runnable(
 /// the full claim and for maintenance). Returns the claimed runs; it never
 /// parks, skips or wakes runs, so the count of those is always 0.
 pub(crate) async fn claim_fast(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     functions: &Handled,
     limit: i64,
     lease: Duration,
@@ -159,7 +159,7 @@ pub(crate) async fn claim_fast(
         .bind(worker_id)
         .bind(&functions.version_ids)
         .bind(&functions.versions)
-        .fetch_all(pool)
+        .fetch_all(conn)
         .await?;
     claimed_runs(rows, Records::Stored)
 }
