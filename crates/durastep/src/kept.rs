@@ -106,14 +106,21 @@ mod tests {
         sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut **conn).await.unwrap()
     }
 
-    #[sqlx::test(migrations = false)]
-    async fn a_connection_is_kept_while_the_pool_has_another_idle(pool: PgPool) {
-        let kept = Kept::keeping_for(pool.clone(), Duration::from_secs(3600));
+    /// Takes two connections, gives one back to the pool and keeps the
+    /// other (another is then idle in the pool); returns its backend's pid.
+    async fn keep_one(kept: &Arc<Kept>, pool: &PgPool) -> i32 {
         let (mut a, b) = (kept.take().await.unwrap(), kept.take().await.unwrap());
         let a_pid = backend_pid(&mut a).await;
         drop(b);
-        idle_in_pool(&pool, 1).await;
+        idle_in_pool(pool, 1).await;
         kept.keep(a);
+        a_pid
+    }
+
+    #[sqlx::test(migrations = false)]
+    async fn a_connection_is_kept_while_the_pool_has_another_idle(pool: PgPool) {
+        let kept = Kept::keeping_for(pool.clone(), Duration::from_secs(3600));
+        let a_pid = keep_one(&kept, &pool).await;
         assert_eq!(kept_count(&kept), 1, "not kept although another connection was idle");
         assert_eq!(pool.num_idle(), 1, "the kept connection went back to the pool");
         let mut again = kept.take().await.unwrap();
@@ -133,22 +140,16 @@ mod tests {
     #[sqlx::test(migrations = false)]
     async fn a_connection_unused_for_a_while_goes_back(pool: PgPool) {
         let kept = Kept::keeping_for(pool.clone(), Duration::from_millis(1));
-        let (a, b) = (kept.take().await.unwrap(), kept.take().await.unwrap());
-        drop(b);
-        idle_in_pool(&pool, 1).await;
-        kept.keep(a);
+        keep_one(&kept, &pool).await;
         idle_in_pool(&pool, 2).await;
         assert_eq!(kept_count(&kept), 0);
     }
 
     #[sqlx::test(migrations = false)]
-    async fn a_connection_used_again_is_kept_again(pool: PgPool) {
+    async fn a_connection_kept_for_less_than_its_time_stays(pool: PgPool) {
         let kept = Kept::keeping_for(pool.clone(), Duration::from_secs(3600));
-        let (a, b) = (kept.take().await.unwrap(), kept.take().await.unwrap());
-        drop(b);
-        idle_in_pool(&pool, 1).await;
-        kept.keep(a);
+        keep_one(&kept, &pool).await;
         kept.release_unused();
-        assert_eq!(kept_count(&kept), 1, "released although used within its time");
+        assert_eq!(kept_count(&kept), 1, "released although kept within its time");
     }
 }
