@@ -91,9 +91,9 @@ impl Writer {
         // error and their attempts are retried), and the writer goes on.
         let handles = (0..config.tasks.max(1))
             .map(|_| {
-                let (pool, shared, stop) = (pool.clone(), Arc::clone(&shared), stop.clone());
+                let (shared, stop) = (Arc::clone(&shared), stop.clone());
                 crate::worker::spawn_supervised("checkpoint writer", move || {
-                    writer_task(pool.clone(), Arc::clone(&shared), stop.clone(), config)
+                    writer_task(Arc::clone(&shared), stop.clone(), config)
                 })
             })
             .collect();
@@ -224,7 +224,7 @@ fn take_queued(
     }
 }
 
-async fn writer_task(pool: PgPool, shared: Arc<Shared>, stop: CancellationToken, config: WriterConfig) {
+async fn writer_task(shared: Arc<Shared>, stop: CancellationToken, config: WriterConfig) {
     let mut batch = Vec::with_capacity(config.max_batch);
     loop {
         if !collect(&shared, &mut batch, &stop, config.max_batch).await {
@@ -238,7 +238,7 @@ async fn writer_task(pool: PgPool, shared: Arc<Shared>, stop: CancellationToken,
         for range in ranges {
             let chunk: Vec<PendingWrite> = writes.by_ref().take(range.len()).collect();
             let chunk_replies: Vec<Reply> = replies.by_ref().take(range.len()).collect();
-            flush_chunk(&pool, &shared.kept, chunk, chunk_replies, config.retry_for).await;
+            flush_chunk(&shared.kept, chunk, chunk_replies, config.retry_for).await;
         }
     }
 }
@@ -248,13 +248,7 @@ async fn writer_task(pool: PgPool, shared: Arc<Shared>, stop: CancellationToken,
 /// so the next batches go on). If the server refuses a chunk of several writes,
 /// each is flushed alone: one write the database refuses (an oversized value,
 /// say) fails only its own step, not the others.
-async fn flush_chunk(
-    pool: &PgPool,
-    kept: &Arc<Kept>,
-    writes: Vec<PendingWrite>,
-    replies: Vec<Reply>,
-    retry_for: Duration,
-) {
+async fn flush_chunk(kept: &Arc<Kept>, writes: Vec<PendingWrite>, replies: Vec<Reply>, retry_for: Duration) {
     let started = Instant::now();
     let result = flush_with_retry(kept, &writes, retry_for, LockWait::Skip).await;
     crate::metrics::checkpoint_flushed(started.elapsed(), writes.len());
@@ -269,7 +263,7 @@ async fn flush_chunk(
             }
             if !busy.is_empty() {
                 tracing::debug!(writes = busy.len(), "run rows locked by another transaction; flushing them apart");
-                let apart = flush_apart(pool.clone(), busy, retry_for);
+                let apart = flush_apart(Arc::clone(kept), busy, retry_for);
                 // With the after-commit failpoint armed, the writes skipped as
                 // locked are stored before it is evaluated, so that "after the
                 // commit" holds for every write of the chunk: an exit there then
@@ -292,7 +286,7 @@ async fn flush_chunk(
             if crate::failpoints::eval("checkpoint-after-commit").await {
                 tracing::warn!("failpoint checkpoint-after-commit: flushing the chunk's stored writes again");
                 let again = done.into_iter().map(|(write, reply, _)| (write, reply)).collect();
-                flush_apart(pool.clone(), again, retry_for).await;
+                flush_apart(Arc::clone(kept), again, retry_for).await;
                 return;
             }
             for (_, reply, outcome) in done {
@@ -304,7 +298,7 @@ async fn flush_chunk(
         Err(e) if writes.len() > 1 && matches!(e, sqlx::Error::Database(_)) && !is_transient_sqlx(&e) => {
             tracing::warn!(error = %e, writes = writes.len(), "checkpoint flush refused; storing its writes one by one");
             for (write, reply) in writes.into_iter().zip(replies) {
-                flush_apart(pool.clone(), vec![(write, reply)], retry_for).await;
+                flush_apart(Arc::clone(kept), vec![(write, reply)], retry_for).await;
             }
         }
         Err(e) => {
@@ -317,9 +311,9 @@ async fn flush_chunk(
 }
 
 /// Flushes writes apart from the batch, waiting for their run rows' locks.
-async fn flush_apart(pool: PgPool, busy: Vec<(PendingWrite, Reply)>, retry_for: Duration) {
+async fn flush_apart(kept: Arc<Kept>, busy: Vec<(PendingWrite, Reply)>, retry_for: Duration) {
     let (writes, replies): (Vec<PendingWrite>, Vec<Reply>) = busy.into_iter().unzip();
-    match flush_with_retry(&Kept::new(pool), &writes, retry_for, LockWait::Wait).await {
+    match flush_with_retry(&kept, &writes, retry_for, LockWait::Wait).await {
         Ok(outcomes) => {
             for (reply, outcome) in replies.into_iter().zip(outcomes) {
                 let outcome = match outcome {
@@ -376,13 +370,7 @@ async fn flush_with_retry(
         if faults && crate::failpoints::eval("checkpoint-before-commit").await {
             return Err(sqlx::Error::Protocol("failpoint checkpoint-before-commit".into()));
         }
-        // A connection whose flush failed goes back to the pool, whose test
-        // of it closes it if it broke.
-        let flushed = match kept.take().await {
-            Ok(mut conn) => store::flush_writes(&mut conn, writes, locks).await.inspect(|_| kept.keep(conn)),
-            Err(e) => Err(e),
-        };
-        match flushed {
+        match kept.run(async |conn| store::flush_writes(conn, writes, locks).await).await {
             Err(e) if is_transient_sqlx(&e) && started.elapsed() < retry_for => {
                 tracing::warn!(error = %e, "checkpoint flush failed; retrying");
                 tokio::time::sleep(delay).await;

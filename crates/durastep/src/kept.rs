@@ -8,19 +8,20 @@
 //! their connections here between statements instead (docs/performance.md
 //! "A worker keeps its connections").
 //!
-//! A kept connection goes back to the pool (and through its test there)
-//! when its user lets it go (after a failed statement, the test then tells a
-//! broken connection from a good one), when it has not been used again for
-//! [`UNUSED_FOR`], and at once whenever a statement ends while the pool has
-//! no other connection idle: the application (`step_tx`), a worker's
-//! other statements and other workers' never wait long behind a connection
-//! kept here. (Heartbeats and the reaper use the control pool.)
+//! A connection is kept only after a statement that succeeded
+//! ([`Kept::run`]). It goes back to the pool (and through its test there)
+//! after a failed statement (the test then tells a broken connection from a
+//! good one), when it has not been used again for [`UNUSED_FOR`], and at
+//! once whenever a statement ends while the pool has no other connection
+//! idle: the application (`step_tx`), a worker's other statements and
+//! other workers' never wait long behind a connection kept here.
+//! (Heartbeats and the reaper use the control pool.)
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
-use sqlx::{PgPool, Postgres};
+use sqlx::{PgConnection, PgPool, Postgres};
 use tokio::time::Instant;
 
 /// How long a connection is kept without being used again.
@@ -43,8 +44,23 @@ impl Kept {
         Arc::new(Kept { pool, unused_for, idle: Mutex::new(Vec::new()) })
     }
 
+    /// Runs `statement` on the connection kept last (or one from the pool)
+    /// and keeps that connection if the statement succeeded. After an error
+    /// it goes back to the pool, whose test closes it if it broke.
+    pub(crate) async fn run<T>(
+        self: &Arc<Self>,
+        statement: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+    ) -> Result<T, sqlx::Error> {
+        let mut conn = self.take().await?;
+        let result = statement(&mut conn).await;
+        if result.is_ok() {
+            self.keep(conn);
+        }
+        result
+    }
+
     /// The connection kept last, or one from the pool.
-    pub(crate) async fn take(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+    async fn take(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
         let kept = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
         match kept {
             Some((conn, _)) => Ok(conn),
@@ -54,7 +70,7 @@ impl Kept {
 
     /// Keeps `conn` for the next statement, unless the pool has no other
     /// connection idle: then it goes back to the pool, for whoever needs one.
-    pub(crate) fn keep(self: &Arc<Self>, conn: PoolConnection<Postgres>) {
+    fn keep(self: &Arc<Self>, conn: PoolConnection<Postgres>) {
         if self.pool.num_idle() == 0 {
             return;
         }
@@ -125,6 +141,23 @@ mod tests {
         assert_eq!(pool.num_idle(), 1, "the kept connection went back to the pool");
         let mut again = kept.take().await.unwrap();
         assert_eq!(backend_pid(&mut again).await, a_pid, "the kept connection is the one taken next");
+    }
+
+    #[sqlx::test(migrations = false)]
+    async fn a_connection_is_kept_after_a_statement_that_succeeded_only(pool: PgPool) {
+        let kept = Kept::keeping_for(pool.clone(), Duration::from_secs(3600));
+        // Two connections idle in the pool, so that another is idle while
+        // one runs and the rule on scarce connections does not decide.
+        let (a, b) = (kept.take().await.unwrap(), kept.take().await.unwrap());
+        drop((a, b));
+        idle_in_pool(&pool, 2).await;
+        let failed = kept.run(async |c| sqlx::query("SELECT 1 / 0").execute(c).await).await;
+        assert!(failed.is_err());
+        assert_eq!(kept_count(&kept), 0, "kept after a failed statement");
+        idle_in_pool(&pool, 2).await;
+        let one: i32 = kept.run(async |c| sqlx::query_scalar("SELECT 1").fetch_one(c).await).await.unwrap();
+        assert_eq!(one, 1);
+        assert_eq!(kept_count(&kept), 1, "not kept after a statement that succeeded");
     }
 
     #[sqlx::test(migrations = false)]

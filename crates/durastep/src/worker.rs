@@ -369,7 +369,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         // full claim) at most two (a second one only while that class's
         // claims came back full).
         let mut claims: tokio::task::JoinSet<ClaimDone> = tokio::task::JoinSet::new();
-        // Their connections, kept from a claim that brought runs to the next.
+        // Their connections, kept from one claim to the next.
         let claim_conns = Kept::new(engine.pool.clone());
         // What each statement in flight is: its class and the runs it may bring.
         let mut in_flight: HashMap<tokio::task::Id, Sent> = HashMap::new();
@@ -753,18 +753,15 @@ async fn claim_class(
             let (lease, functions) = (engine.worker.lease, classes.of_class(fast));
             let sent = Instant::now();
             let limit = i64::try_from(cap).unwrap_or(i64::MAX);
-            let mut conn = conns.take().await.map_err(|e| e.to_string())?;
-            let claimed = if fast {
-                store::claim_fast(&mut conn, functions, limit, lease, worker_id, queue).await
-            } else {
-                store::claim_runnable(&mut conn, functions, limit, lease, worker_id, queue).await
-            };
-            // Kept for the next claim when this one brought runs (more are
-            // likely due); after an empty or a failed claim it goes back to
-            // the pool (whose test closes it if it broke).
-            if matches!(&claimed, Ok((runs, _)) if !runs.is_empty()) {
-                conns.keep(conn);
-            }
+            let claimed = conns
+                .run(async |conn| {
+                    if fast {
+                        store::claim_fast(conn, functions, limit, lease, worker_id, queue).await
+                    } else {
+                        store::claim_runnable(conn, functions, limit, lease, worker_id, queue).await
+                    }
+                })
+                .await;
             let (runs, moved) = claimed.map_err(|e| e.to_string())?;
             metrics::claimed(sent.elapsed(), runs.len(), fast);
             if !runs.is_empty() {
