@@ -117,8 +117,7 @@ async fn drain(db: &BenchDb, name: &str, runs: usize) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let runs: usize = std::env::var("BENCH_FLOW_RUNS")
-        .map_or(3_000, |v| v.trim().parse().unwrap_or_else(|_| panic!("BENCH_FLOW_RUNS: {v:?} is not a whole number")));
+    let runs = durastep_benches::knobs::whole_number("BENCH_FLOW_RUNS").unwrap_or(3_000);
     let db = BenchDb::create("flow").await;
     // Warm up: schema, plans, caches.
     drain(&db, "off", 500).await;

@@ -48,9 +48,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use durastep::{Engine, Event};
 use durastep_benches::db::{BenchDb, wait_until_drained};
 use durastep_benches::functions::{self, NOOP1, NOOP10};
+use durastep_benches::knobs::whole_number;
 use durastep_benches::process::{WorkerConfig, WorkerProcess};
 use durastep_benches::raw;
-use durastep_benches::report::{Table, machine_busy_cpu, process_cpu, ratio, result, thousands, verdict};
+use durastep_benches::report::{Table, machine_busy_cpu, median, process_cpu, ratio, result, thousands, verdict};
 use sqlx::PgPool;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_bench-worker");
@@ -69,14 +70,6 @@ const KNOBS: [&str; 8] = [
     "BENCH_CLAIM_BATCH",
     "BENCH_CLAIM_AHEAD",
 ];
-
-/// A whole-number knob: None when unset; a value that is not a whole
-/// number stops the bench with its name, instead of silently measuring the
-/// default.
-fn env_usize(name: &str) -> Option<usize> {
-    let v = std::env::var(name).ok()?;
-    Some(v.trim().parse().unwrap_or_else(|_| panic!("{name}: {v:?} is not a whole number")))
-}
 
 /// The matrix's cells, `(runs in flight, processes)`: `BENCH_MATRIX` as
 /// `256x1,16x4`, by default all four of 16 and 256 in flight in 1 and 4
@@ -240,11 +233,11 @@ fn unix_now() -> f64 {
 fn worker_config(procs: usize, in_flight: usize) -> WorkerConfig {
     WorkerConfig {
         in_flight: in_flight / procs,
-        writers: env_usize("BENCH_WRITERS").unwrap_or(WorkerConfig::default().writers),
-        claim_batch: env_usize("BENCH_CLAIM_BATCH").unwrap_or(WorkerConfig::default().claim_batch),
-        claim_ahead: env_usize("BENCH_CLAIM_AHEAD").unwrap_or(WorkerConfig::default().claim_ahead),
+        writers: whole_number("BENCH_WRITERS").unwrap_or(WorkerConfig::default().writers),
+        claim_batch: whole_number("BENCH_CLAIM_BATCH").unwrap_or(WorkerConfig::default().claim_batch),
+        claim_ahead: whole_number("BENCH_CLAIM_AHEAD").unwrap_or(WorkerConfig::default().claim_ahead),
         // 8 processes of 10 + 3 control connections would pass the default max_connections of 100.
-        pool: env_usize("BENCH_POOL").map_or((48 / procs).clamp(4, 10) as u32, |p| p as u32),
+        pool: whole_number("BENCH_POOL").map_or((48 / procs).clamp(4, 10) as u32, |p| p as u32),
         listen: true,
         flow: std::env::var("BENCH_MIXED").is_ok_and(|v| v == "on"),
     }
@@ -502,15 +495,6 @@ fn worker_ms_per_1k(cell: &Cell, runs: usize) -> f64 {
     cell.worker_cpu.as_secs_f64() * 1e3 * 1_000.0 / runs as f64
 }
 
-/// The median of `xs` (sorted in place): the middle value, or the mean of
-/// the two middle ones when there is an even number (two rounds give their
-/// mean, not the larger).
-fn median(xs: &mut [f64]) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let mid = xs.len() / 2;
-    if xs.len().is_multiple_of(2) { (xs[mid - 1] + xs[mid]) / 2.0 } else { xs[mid] }
-}
-
 /// Turns the run history on or off (benches only: never in production). The
 /// claims and the completion write history rows in their own statements
 /// (migration 0020), which cannot be switched off; "off" disables the
@@ -536,7 +520,7 @@ async fn set_history(pool: &PgPool, on: bool) {
 async fn main() {
     // A knob that does not parse stops the bench before it creates its database.
     for knob in KNOBS {
-        env_usize(knob);
+        whole_number(knob);
     }
     matrix_cells();
     let db = BenchDb::create("throughput").await;
@@ -558,8 +542,8 @@ async fn main() {
     }
 
     if runs_section("matrix") {
-        let runs = env_usize("BENCH_MATRIX_RUNS").unwrap_or(10_000);
-        let rounds = env_usize("BENCH_ROUNDS").unwrap_or(1).max(1);
+        let runs = whole_number("BENCH_MATRIX_RUNS").unwrap_or(10_000);
+        let rounds = whole_number("BENCH_ROUNDS").unwrap_or(1).max(1);
         let cells = matrix_cells();
         // Per cell, each round's steps/s and the raw base it is a ratio to,
         // and its machine's and workers' CPU per step (us).
@@ -604,9 +588,9 @@ async fn main() {
             ],
         );
         for ((&(in_flight, procs), rounds_of_cell), cpu_of_cell) in cells.iter().zip(&measured).zip(&cpu) {
-            let steps_s = median(&mut rounds_of_cell.iter().map(|(v, _)| *v).collect::<Vec<_>>());
-            let steps_ratio = median(&mut rounds_of_cell.iter().map(|(v, base)| v / base).collect::<Vec<_>>());
-            let base = median(&mut rounds_of_cell.iter().map(|(_, base)| *base).collect::<Vec<_>>());
+            let steps_s = median(rounds_of_cell.iter().map(|(v, _)| *v));
+            let steps_ratio = median(rounds_of_cell.iter().map(|(v, base)| v / base));
+            let base = median(rounds_of_cell.iter().map(|(_, base)| *base));
             let (base_name, factor) = matrix_target(in_flight);
             if procs == 1 {
                 result(&format!("steps_{in_flight}_inflight"), steps_s, Some(steps_ratio));
@@ -626,8 +610,8 @@ async fn main() {
                 verdict(steps_ratio >= factor),
                 format!(
                     "{:.1} ({:.1})",
-                    median(&mut cpu_of_cell.iter().map(|(m, _)| *m).collect::<Vec<_>>()),
-                    median(&mut cpu_of_cell.iter().map(|(_, w)| *w).collect::<Vec<_>>())
+                    median(cpu_of_cell.iter().map(|(m, _)| *m)),
+                    median(cpu_of_cell.iter().map(|(_, w)| *w))
                 ),
             ]);
         }
@@ -649,8 +633,8 @@ async fn main() {
     }
 
     if std::env::var("BENCH_ONLY").is_ok_and(|o| o == "warm") {
-        let runs = env_usize("BENCH_DRAIN_RUNS").unwrap_or(20_000);
-        let warm = env_usize("BENCH_WARM_RUNS").unwrap_or(10_000);
+        let runs = whole_number("BENCH_DRAIN_RUNS").unwrap_or(20_000);
+        let warm = whole_number("BENCH_WARM_RUNS").unwrap_or(10_000);
         let mut t = Table::new(
             &format!("{} no-op single-step runs, cold and warm workers", thousands(runs as f64)),
             &[
@@ -680,7 +664,7 @@ async fn main() {
     }
 
     if runs_section("drain") {
-        let runs = env_usize("BENCH_DRAIN_RUNS").unwrap_or(20_000);
+        let runs = whole_number("BENCH_DRAIN_RUNS").unwrap_or(20_000);
         let mut t = Table::new(
             &format!("{} no-op single-step runs, enqueued then drained", thousands(runs as f64)),
             &[
@@ -746,9 +730,9 @@ async fn main() {
             }
             eprintln!("history on: {with:.0?} runs/s, {with_cpu:.0?} CPU ms per 1,000 runs");
             eprintln!("history off: {without:.0?} runs/s, {without_cpu:.0?} CPU ms per 1,000 runs");
-            let one = median(&mut with);
-            let without = median(&mut without);
-            let (cpu_with, cpu_without) = (median(&mut with_cpu), median(&mut without_cpu));
+            let one = median(with);
+            let without = median(without);
+            let (cpu_with, cpu_without) = (median(with_cpu), median(without_cpu));
             let mut h = Table::new(
                 "What the run history costs (1 process, 256 in flight, single-step runs; medians of 3)",
                 &["history", "runs/s", "CPU ms per 1,000 runs", "with / without", "target", "verdict"],

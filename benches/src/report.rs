@@ -101,6 +101,26 @@ pub fn percentile(xs: &[Duration], p: f64) -> Duration {
     sorted[rank.min(sorted.len()) - 1]
 }
 
+/// The median of some values: the middle one, or the mean of the two
+/// middle ones when there is an even number (two rounds give their mean,
+/// not the larger). NaN for none.
+///
+/// ```
+/// use durastep_benches::report::median;
+/// assert_eq!(median([3.0, 1.0, 2.0]), 2.0);
+/// assert_eq!(median([10.0, 4.0]), 7.0);
+/// ```
+pub fn median(xs: impl IntoIterator<Item = f64>) -> f64 {
+    let mut xs: Vec<f64> = xs.into_iter().collect();
+    xs.sort_by(f64::total_cmp);
+    let mid = xs.len() / 2;
+    match xs.len() {
+        0 => f64::NAN,
+        n if n % 2 == 0 => (xs[mid - 1] + xs[mid]) / 2.0,
+        _ => xs[mid],
+    }
+}
+
 /// Resident set size of a process in KiB, from `/proc/<pid>/status` (`VmRSS`).
 ///
 /// ```
