@@ -92,7 +92,7 @@ impl Writer {
         let handles = (0..config.tasks.max(1))
             .map(|_| {
                 let (shared, stop) = (Arc::clone(&shared), stop.clone());
-                crate::worker::spawn_supervised("checkpoint writer", move || {
+                crate::supervise::spawn_supervised("checkpoint writer", move || {
                     writer_task(Arc::clone(&shared), stop.clone(), config)
                 })
             })

@@ -111,7 +111,7 @@ struct Inner {
     dry: bool,
     /// The test kit's crash and failure injection.
     #[cfg(feature = "testing")]
-    probe: Option<Arc<crate::testing::Probe>>,
+    probe: Option<Arc<crate::probe::Probe>>,
     /// Bytes of the step results stored before this attempt (computed at its
     /// first checkpoint), and bytes this attempt stored since: `max_run_bytes`.
     stored_bytes: OnceLock<usize>,
@@ -177,7 +177,7 @@ pub(crate) struct CtxParts {
     pub journal: Arc<Mutex<Journal>>,
     pub dry: bool,
     #[cfg(feature = "testing")]
-    pub probe: Option<Arc<crate::testing::Probe>>,
+    pub probe: Option<Arc<crate::probe::Probe>>,
     pub signal: oneshot::Sender<Signal>,
     pub lost: CancellationToken,
     pub writer: Writer,
@@ -571,7 +571,7 @@ impl Ctx {
     /// The test kit: a crash planned at this point ends the attempt as a dead
     /// process would (nothing more is written; the lease is left to expire).
     #[cfg(feature = "testing")]
-    async fn probe_crash(&self, point: crate::testing::Point, key: &str) {
+    async fn probe_crash(&self, point: crate::probe::Point, key: &str) {
         if self.inner.probe.as_ref().is_some_and(|p| p.crash_here(self.inner.run_id, point, key)) {
             self.stop::<()>(Signal::Crashed).await;
         }
@@ -595,7 +595,7 @@ impl Ctx {
         self.charge(key, output.len())?;
         crate::failpoint!("step-after-body", Err(HandlerError::new("failpoint step-after-body")));
         #[cfg(feature = "testing")]
-        self.probe_crash(crate::testing::Point::AfterBody, key).await;
+        self.probe_crash(crate::probe::Point::AfterBody, key).await;
         let write = PendingWrite::Checkpoint {
             fence: self.fence().await,
             key: key.to_owned(),
@@ -607,7 +607,7 @@ impl Ctx {
             Ok(WriteOutcome::Stored) => {
                 crate::failpoint!("step-after-checkpoint", Err(HandlerError::new("failpoint step-after-checkpoint")));
                 #[cfg(feature = "testing")]
-                self.probe_crash(crate::testing::Point::AfterCheckpoint, key).await;
+                self.probe_crash(crate::probe::Point::AfterCheckpoint, key).await;
                 Ok(None)
             }
             Ok(WriteOutcome::Adopted(stored)) => Ok(Some(stored)),
@@ -873,7 +873,7 @@ impl Ctx {
             match outcome {
                 Ok(TxOutcome::Committed(v)) => {
                     #[cfg(feature = "testing")]
-                    ctx.probe_crash(crate::testing::Point::AfterCheckpoint, &key).await;
+                    ctx.probe_crash(crate::probe::Point::AfterCheckpoint, &key).await;
                     Ok(v)
                 }
                 Ok(TxOutcome::CommittedAndCancelled) => ctx.stop(Signal::Cancelled).await,
@@ -930,7 +930,7 @@ impl Ctx {
                     "send-event-before-insert",
                     Err(HandlerError::new("failpoint send-event-before-insert"))
                 );
-                let (mut receipts, _) = crate::engine::insert(conn, std::slice::from_ref(&prepared))
+                let (mut receipts, _) = crate::event::insert(conn, std::slice::from_ref(&prepared))
                     .await
                     .map_err(|e| HandlerError::new(format!("send failed: {e}")))?;
                 Ok(receipts.remove(0))
@@ -1256,7 +1256,7 @@ impl Ctx {
         let (path, value) = match matching.kind {
             MatchKind::Any => (None, None),
             MatchKind::Field { pointer, value } => {
-                let path = crate::function::pointer_path(&pointer)
+                let path = crate::flow::pointer_path(&pointer)
                     .map_err(|e| HandlerError::permanent(format!("step {key}: {e}")))?;
                 let value = value
                     .map_err(|e| HandlerError::permanent(format!("step {key}: match value does not serialize: {e}")))?;

@@ -4,7 +4,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
@@ -13,106 +12,17 @@ use uuid::Uuid;
 
 use crate::codec::{self, Keyring};
 use crate::error::{Error, from_sqlx};
-use crate::event::{Event, SendReceipt};
-use crate::function::{Backoff, ErasedHandler, Function};
+use crate::event::{Event, SendReceipt, insert, receipts_of};
+use crate::function::{Backoff, Function};
+use crate::handoff::LocalWorkers;
 use crate::limits::{self, Limits};
-use crate::schedule::{self, CatchUp, Schedule};
+use crate::run::Run;
+use crate::schedule;
+use crate::shared::{EngineInner, Registered, Versions};
 use crate::store;
-use crate::worker::{self, WorkerOptions};
+use crate::worker;
 use crate::worker_handle::WorkerHandle;
-
-/// The registered versions of one function id.
-pub(crate) struct Versions {
-    /// The newest registered version: new runs start under it.
-    pub newest: u32,
-    /// Each registered version's handler (the newest's included).
-    pub by_version: BTreeMap<u32, Registered>,
-    /// The newest registration has no claim-time flow rule (concurrency,
-    /// throttle, rate limit, back-pressure) and no start or finish timeout:
-    /// its runs are taken by the fast claim.
-    pub fast_claim: bool,
-}
-
-impl Versions {
-    /// The newest version's registration.
-    pub fn newest(&self) -> Option<&Registered> {
-        self.by_version.get(&self.newest)
-    }
-}
-
-/// One registered version of a function, as the worker executes it.
-pub(crate) struct Registered {
-    pub handler: ErasedHandler,
-    pub backoff: Backoff,
-    /// A retry-after failure pauses the run's back-pressure keys.
-    pub backpressure: bool,
-    /// The cron schedule and its catch-up policy, for functions with `on_cron`.
-    pub schedule: Option<(Schedule, CatchUp)>,
-    /// The default timeout of each step body.
-    pub step_timeout: Option<Duration>,
-}
-
-pub(crate) struct EngineInner {
-    pub pool: PgPool,
-    /// Heartbeats, the reaper and LISTEN: never starved by user steps.
-    pub control_pool: PgPool,
-    pub functions: HashMap<String, Versions>,
-    pub limits: Limits,
-    pub worker: WorkerOptions,
-    /// Seals step outputs and run outputs at rest, when set.
-    pub keyring: Option<Arc<Keyring>>,
-    /// Per event name, the (function, key pointer) pairs its data must carry for
-    /// the flow control of functions registered here: checked before any SQL.
-    pub key_checks: HashMap<String, Vec<(String, String)>>,
-    /// Per event name, the functions registered here that it triggers (their
-    /// newest registrations): a send wakes the workers of its process for them.
-    pub triggered: HashMap<String, Vec<String>>,
-    /// The workers running in this process (`run_worker`): a send through
-    /// this engine wakes them itself, before its NOTIFY reaches them.
-    pub local_workers: worker::LocalWorkers,
-    /// The test kit's crash and failure injection, set by `testing::TestEngine`.
-    #[cfg(feature = "testing")]
-    pub probe: std::sync::OnceLock<Arc<crate::testing::Probe>>,
-}
-
-impl EngineInner {
-    /// The handler of a run of `function_id` started under `version`, if this engine registers it.
-    pub(crate) fn handler(&self, function_id: &str, version: i32) -> Option<&Registered> {
-        let version = u32::try_from(version).ok()?;
-        self.functions.get(function_id)?.by_version.get(&version)
-    }
-
-    /// The functions of this engine that events named `names` trigger (a
-    /// function once per name that triggers it: a batch of 1,000 events of
-    /// one name looks its name up once).
-    pub(crate) fn triggered_by(&self, names: &std::collections::BTreeSet<&str>) -> Vec<&str> {
-        names.iter().filter_map(|n| self.triggered.get(*n)).flatten().map(String::as_str).collect()
-    }
-
-    /// Every (function, version) this engine has a handler for, as the claim takes them.
-    pub(crate) fn handled(&self) -> store::Handled {
-        self.handled_where(|_| true)
-    }
-
-    /// [`EngineInner::handled`] of the functions whose runs the fast claim
-    /// takes (no claim-time flow rule, no timeout), and of the others.
-    pub(crate) fn handled_by_claim(&self) -> (store::Handled, store::Handled) {
-        (self.handled_where(|v| v.fast_claim), self.handled_where(|v| !v.fast_claim))
-    }
-
-    fn handled_where(&self, keep: impl Fn(&Versions) -> bool) -> store::Handled {
-        let mut ids: Vec<String> = self.functions.iter().filter(|(_, v)| keep(v)).map(|(id, _)| id.clone()).collect();
-        ids.sort();
-        let (mut version_ids, mut versions) = (Vec::new(), Vec::new());
-        for id in &ids {
-            for v in self.functions[id].by_version.keys() {
-                version_ids.push(id.clone());
-                versions.push(i32::try_from(*v).unwrap_or(i32::MAX));
-            }
-        }
-        store::Handled { ids, version_ids, versions }
-    }
-}
+use crate::worker_options::WorkerOptions;
 
 /// The handle to Durastep: sends events, runs workers, reads runs. Cheap to clone.
 ///
@@ -227,7 +137,7 @@ impl Engine {
                     store::insert_event_handing(&mut conn, &prepared[0], &offer.to()).await.map_err(from_sqlx)?;
                 drop(conn);
                 let queued = inserted.events.iter().map(|e| e.run_ids.len()).sum::<usize>() > handed.len();
-                offer.hand_over(&self.inner, handed, sent).await;
+                offer.hand_over(&self.inner.pool, handed, sent).await;
                 let (receipts, notified) = receipts_of(inserted);
                 // Every new run handed on: nothing for the other workers here.
                 (receipts, notified && queued)
@@ -440,26 +350,6 @@ impl Engine {
     }
 }
 
-/// Inserts events (topic locks, fan-out, cancel_on, waits: one statement);
-/// with whether the statement notified the workers.
-pub(crate) async fn insert(
-    conn: &mut PgConnection,
-    events: &[store::NewEvent],
-) -> Result<(Vec<SendReceipt>, bool), Error> {
-    let sent = store::insert_events(conn, events).await.map_err(from_sqlx)?;
-    Ok(receipts_of(sent))
-}
-
-/// The receipts of a send, in input order, with whether it notified the workers.
-fn receipts_of(sent: store::Sent) -> (Vec<SendReceipt>, bool) {
-    let receipts = sent
-        .events
-        .into_iter()
-        .map(|i| SendReceipt { event_id: i.event_id, run_ids: i.run_ids, duplicate: i.duplicate })
-        .collect();
-    (receipts, sent.notified)
-}
-
 impl EngineBuilder {
     /// The Postgres to use, as a URL.
     ///
@@ -612,7 +502,7 @@ impl EngineBuilder {
             keyring: self.keyring.map(Arc::new),
             key_checks: prepared.key_checks,
             triggered: prepared.triggered,
-            local_workers: worker::LocalWorkers::default(),
+            local_workers: LocalWorkers::default(),
             #[cfg(feature = "testing")]
             probe: std::sync::OnceLock::new(),
         }
@@ -950,202 +840,4 @@ pub struct AppliedMigration {
     pub version: i64,
     /// Its description (the rest of the file name, `inspection`).
     pub description: String,
-}
-
-/// The state of a run.
-///
-/// ```
-/// assert!(durastep::RunState::Completed.is_finished());
-/// assert!(!durastep::RunState::Sleeping.is_finished());
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum RunState {
-    /// Waiting to be claimed (new, or retrying after its backoff).
-    Queued,
-    /// An attempt is executing.
-    Running,
-    /// Suspended in a durable sleep; holds no worker.
-    Sleeping,
-    /// Suspended in [`Ctx::wait_for_event`](crate::Ctx::wait_for_event) until an
-    /// event or its timeout; holds no worker.
-    Waiting,
-    /// Finished with an output.
-    Completed,
-    /// Out of attempts, or failed permanently.
-    Failed,
-    /// Cancelled.
-    Cancelled,
-    /// Not started, on purpose: over a rate limit, or refused by a singleton
-    /// key that already had an active run. `last_error` says why.
-    Skipped,
-    /// Parked because its replay asked for something other than what it
-    /// recorded (the function's code changed under it): not claimed, not
-    /// retried, not failed. `last_error` and [`crate::inspect::Why::Diverged`]
-    /// say where; [`Engine::resume_diverged`] and [`Engine::discard_from`] end it.
-    Diverged,
-}
-
-impl RunState {
-    /// Whether the run will not execute again.
-    ///
-    /// ```
-    /// assert!(durastep::RunState::Failed.is_finished());
-    /// ```
-    pub fn is_finished(self) -> bool {
-        matches!(self, RunState::Completed | RunState::Failed | RunState::Cancelled | RunState::Skipped)
-    }
-
-    /// The state's name as stored (`queued`, `running`, ... `skipped`).
-    ///
-    /// ```
-    /// assert_eq!(durastep::RunState::Failed.as_str(), "failed");
-    /// ```
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunState::Queued => "queued",
-            RunState::Running => "running",
-            RunState::Sleeping => "sleeping",
-            RunState::Waiting => "waiting",
-            RunState::Completed => "completed",
-            RunState::Failed => "failed",
-            RunState::Cancelled => "cancelled",
-            RunState::Skipped => "skipped",
-            RunState::Diverged => "diverged",
-        }
-    }
-
-    /// Every state, in lifecycle order.
-    ///
-    /// ```
-    /// assert_eq!(durastep::RunState::ALL.len(), 9);
-    /// ```
-    pub const ALL: [RunState; 9] = [
-        RunState::Queued,
-        RunState::Running,
-        RunState::Sleeping,
-        RunState::Waiting,
-        RunState::Completed,
-        RunState::Failed,
-        RunState::Cancelled,
-        RunState::Skipped,
-        RunState::Diverged,
-    ];
-}
-
-impl std::fmt::Display for RunState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Parses a state's stored name (`"failed"`, ...).
-///
-/// ```
-/// let s: durastep::RunState = "failed".parse().unwrap();
-/// assert_eq!(s, durastep::RunState::Failed);
-/// assert!("dead".parse::<durastep::RunState>().is_err());
-/// ```
-impl std::str::FromStr for RunState {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<RunState, Error> {
-        RunState::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| {
-            let names: Vec<&str> = RunState::ALL.iter().map(|st| st.as_str()).collect();
-            Error::InvalidFilter(format!("unknown run state {s:?}; one of {}", names.join(", ")))
-        })
-    }
-}
-
-/// A run state in the database that this build does not know (a newer
-/// migration's, or a hand edit): reading it is an error, never a guess.
-#[derive(Debug, thiserror::Error)]
-#[error("the database holds run state {0:?}, which this build of durastep does not know")]
-pub(crate) struct UnknownRunState(String);
-
-/// Read from `text` columns (`runs.state`, `run_history.state`): the
-/// `runs_state_check` constraint's list, which a test holds equal to
-/// [`RunState::ALL`].
-impl sqlx::Type<sqlx::Postgres> for RunState {
-    fn type_info() -> sqlx::postgres::PgTypeInfo {
-        <&str as sqlx::Type<sqlx::Postgres>>::type_info()
-    }
-
-    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
-        <&str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
-    }
-}
-
-impl<'r> sqlx::Decode<'r, sqlx::Postgres> for RunState {
-    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        let s = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
-        RunState::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| UnknownRunState(s.to_owned()).into())
-    }
-}
-
-/// A run as stored.
-///
-/// ```no_run
-/// # async fn demo(engine: durastep::Engine, id: uuid::Uuid) -> Result<(), durastep::Error> {
-/// let run: durastep::Run = engine.run(id).await?;
-/// if let Some(error) = &run.last_error { eprintln!("attempt {} failed: {error}", run.attempt); }
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-#[non_exhaustive]
-pub struct Run {
-    /// The run's id.
-    pub id: Uuid,
-    /// Its function.
-    pub function_id: String,
-    /// The event that started it.
-    pub event_id: Uuid,
-    /// Its state.
-    pub state: RunState,
-    /// The current (or last) attempt, from 1.
-    pub attempt: u32,
-    /// Attempts allowed in all, not counting attempts that ended with a lost
-    /// lease (see [`Run::lease_losses`]).
-    pub max_attempts: u32,
-    /// How many of its attempts ended with a lost lease (the worker was lost);
-    /// these do not spend `max_attempts`, but the function's own budget
-    /// ([`crate::FunctionBuilder::lease_losses`]).
-    pub lease_losses: u32,
-    /// When it is (or was) next due. A run waiting without a timeout (stored
-    /// as Postgres `infinity`) shows [`crate::limits::max_instant`].
-    pub run_at: DateTime<Utc>,
-    /// The last failure, if any.
-    pub last_error: Option<String>,
-    /// Why it was cancelled, when it was.
-    pub cancel_reason: Option<String>,
-    /// The handler's output, once completed.
-    pub output: Option<Value>,
-    /// When it was created.
-    pub created_at: DateTime<Utc>,
-    /// When it finished.
-    pub finished_at: Option<DateTime<Utc>>,
-    /// The version of its function it started under, for good
-    /// ([`crate::FunctionBuilder::version`]; 0 for an unversioned function).
-    pub version: u32,
-}
-
-impl From<store::RunRow> for Run {
-    fn from(r: store::RunRow) -> Self {
-        Run {
-            id: r.id,
-            function_id: r.function_id,
-            event_id: r.event_id,
-            state: r.state,
-            attempt: crate::inspect::count(r.attempt),
-            max_attempts: crate::inspect::count(r.max_attempts),
-            lease_losses: crate::inspect::count(r.lease_losses),
-            run_at: r.run_at,
-            last_error: r.last_error,
-            cancel_reason: r.cancel_reason,
-            output: r.output,
-            created_at: r.created_at,
-            finished_at: r.finished_at,
-            version: crate::inspect::count(r.version),
-        }
-    }
 }

@@ -1,14 +1,20 @@
 //! Events: what starts runs.
 //!
 //! An event has a name, a JSON payload and optionally an idempotency key; sending
-//! it stores it and creates one run per function that it triggers.
+//! it stores it and creates one run per function that it triggers. `insert`
+//! (crate-internal) is the one way events are stored: by the engine's sends,
+//! by a run's `ctx.send_event` and by the cron tick.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
+use sqlx::PgConnection;
+
+use crate::error::{Error, from_sqlx};
 use crate::limits::{self, LimitError, Limits};
+use crate::store;
 
 /// An event to send.
 ///
@@ -148,14 +154,14 @@ impl Event {
 
     /// Validates and serializes, before any SQL runs. A user's event may not
     /// carry a reserved name (`durastep/...`).
-    pub(crate) fn prepare(&self, limits: &Limits) -> Result<crate::store::NewEvent, LimitError> {
+    pub(crate) fn prepare(&self, limits: &Limits) -> Result<store::NewEvent, LimitError> {
         limits::check_event_name(&self.name, limits)?;
         self.prepare_internal(limits)
     }
 
     /// Validates and serializes one of the engine's own events (a cron fire
     /// time), whose name is reserved.
-    pub(crate) fn prepare_internal(&self, limits: &Limits) -> Result<crate::store::NewEvent, LimitError> {
+    pub(crate) fn prepare_internal(&self, limits: &Limits) -> Result<store::NewEvent, LimitError> {
         limits::check_name("event name", &self.name, limits)?;
         if let Some(key) = &self.idempotency_key {
             limits::check_name("idempotency key", key, limits)?;
@@ -165,7 +171,7 @@ impl Event {
             Payload::Text(text) => limits::check_payload(&limits::parse_payload(text, limits)?, limits)?,
             Payload::Unserializable(e) => return Err(LimitError::Serialize(e.clone())),
         };
-        Ok(crate::store::NewEvent {
+        Ok(store::NewEvent {
             // Time-ordered (version 7): the events index takes neighbouring entries (migration 0021).
             id: Uuid::now_v7(),
             name: self.name.clone(),
@@ -196,4 +202,24 @@ pub struct SendReceipt {
     pub run_ids: Vec<Uuid>,
     /// True when an event with this name and idempotency key was already stored.
     pub duplicate: bool,
+}
+
+/// Inserts events (topic locks, fan-out, cancel_on, waits: one statement);
+/// with whether the statement notified the workers.
+pub(crate) async fn insert(
+    conn: &mut PgConnection,
+    events: &[store::NewEvent],
+) -> Result<(Vec<SendReceipt>, bool), Error> {
+    let sent = store::insert_events(conn, events).await.map_err(from_sqlx)?;
+    Ok(receipts_of(sent))
+}
+
+/// The receipts of a send, in input order, with whether it notified the workers.
+pub(crate) fn receipts_of(sent: store::Sent) -> (Vec<SendReceipt>, bool) {
+    let receipts = sent
+        .events
+        .into_iter()
+        .map(|i| SendReceipt { event_id: i.event_id, run_ids: i.run_ids, duplicate: i.duplicate })
+        .collect();
+    (receipts, sent.notified)
 }

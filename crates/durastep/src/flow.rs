@@ -572,6 +572,21 @@ pub fn parse_pointer(pointer: &str) -> Result<Vec<String>, String> {
         .collect()
 }
 
+/// Splits a JSON pointer (RFC 6901: `""` is the whole document, `"/a/b"` is
+/// key `b` inside key `a`, `~1` is `/` and `~0` is `~`) into the path Postgres'
+/// `#>` operator takes. Array elements are addressed by their index, as in `/items/0`.
+///
+/// ```
+/// # // private; exercised through cancel_on and EventMatch
+/// ```
+pub(crate) fn pointer_path(pointer: &str) -> Result<Vec<String>, String> {
+    if pointer.is_empty() {
+        return Ok(Vec::new());
+    }
+    // One RFC 6901 parser for every key path (flow-control keys refuse "").
+    parse_pointer(pointer)
+}
+
 /// Whether the event data has a non-null value at the pointer (which is valid).
 pub(crate) fn has_key(payload: &serde_json::Value, pointer: &str) -> bool {
     payload.pointer(pointer).is_some_and(|v| !v.is_null())

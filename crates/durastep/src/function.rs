@@ -338,21 +338,6 @@ pub struct FunctionBuilder {
 /// ```
 pub const DEFAULT_LEASE_LOSSES: u32 = 10;
 
-/// Splits a JSON pointer (RFC 6901: `""` is the whole document, `"/a/b"` is
-/// key `b` inside key `a`, `~1` is `/` and `~0` is `~`) into the path Postgres'
-/// `#>` operator takes. Array elements are addressed by their index, as in `/items/0`.
-///
-/// ```
-/// # // private; exercised through cancel_on and EventMatch
-/// ```
-pub(crate) fn pointer_path(pointer: &str) -> Result<Vec<String>, String> {
-    if pointer.is_empty() {
-        return Ok(Vec::new());
-    }
-    // One RFC 6901 parser for every key path (flow-control keys refuse "").
-    crate::flow::parse_pointer(pointer)
-}
-
 impl FunctionBuilder {
     /// Runs this function on a cron schedule in a time zone (see [`Schedule`]
     /// for the syntax and for what happens on daylight-saving changes). Each
@@ -492,7 +477,7 @@ impl FunctionBuilder {
             ));
             return self;
         };
-        match (pointer_path(event_key), pointer_path(run_key)) {
+        match (crate::flow::pointer_path(event_key), crate::flow::pointer_path(run_key)) {
             (Ok(event_path), Ok(run_path)) => {
                 self.cancel_on.push(CancelRule { event: rule.event, event_path, run_path });
             }

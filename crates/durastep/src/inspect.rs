@@ -33,8 +33,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::codec::{self, Keyring, Kind, Place};
-use crate::engine::{Engine, Run, RunState};
+use crate::engine::Engine;
 use crate::error::{Error, from_sqlx};
+use crate::run::{Run, RunState, count};
 use crate::store::{self, inspect as sql};
 
 /// The most rows one listing returns.
@@ -1569,11 +1570,6 @@ fn history_of(run: &Run, rows: Vec<sql::HistoryRow>) -> Vec<HistoryEntry> {
         last.cancel_reason = run.cancel_reason.clone();
     }
     out
-}
-
-/// A count stored as `integer` (never negative), as the `u32` the API uses.
-pub(crate) fn count(n: i32) -> u32 {
-    u32::try_from(n).unwrap_or(0)
 }
 
 /// Executions from the history: each claim (`running`) to the next entry.

@@ -163,22 +163,29 @@ pub mod failpoints;
 mod failure;
 pub mod flow;
 mod function;
+mod handoff;
 pub mod inspect;
 mod journal;
 mod kept;
 pub mod limits;
 pub mod metrics;
+#[cfg(feature = "testing")]
+mod probe;
+mod run;
 mod schedule;
+mod shared;
 mod store;
+mod supervise;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod worker;
 mod worker_handle;
+mod worker_options;
 
 pub use codec::{CodecError, Keyring};
 pub use ctx::{ChildError, Ctx, EventMatch, Invoke, StepOptions, TxBody, TxFuture, WaitFor};
 pub use deploy::{DeployReport, DivergenceGroup, ReplayProblem, UnhandledVersion};
-pub use engine::{AppliedMigration, Engine, EngineBuilder, IDLE_PING_AFTER, Run, RunState, migrate, pool_options};
+pub use engine::{AppliedMigration, Engine, EngineBuilder, IDLE_PING_AFTER, migrate, pool_options};
 pub use error::Error;
 pub use event::{Event, SendReceipt};
 pub use failure::{HandlerError, HandlerResult};
@@ -190,9 +197,10 @@ pub use function::{Backoff, CancelOn, DEFAULT_LEASE_LOSSES, FailedRun, Function,
 pub use inspect::{ReplayFrom, RunFilter};
 pub use journal::{Divergence, EntryKind, JournalEntry, UnknownEntryKind};
 pub use limits::{LimitError, Limits};
+pub use run::{Run, RunState};
 pub use schedule::{CatchUp, CronTick, Schedule, ScheduleError};
-pub use worker::WorkerOptions;
 pub use worker_handle::WorkerHandle;
+pub use worker_options::WorkerOptions;
 
 /// The sqlx version Durastep is built on: use it for [`Engine::send_in`],
 /// [`Ctx::step_tx`] and your own queries, so the types match.

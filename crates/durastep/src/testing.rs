@@ -15,8 +15,8 @@
 //! database has its own clock. [`TestEngine`] gives each test a fresh database,
 //! a worker, and the tools below.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -26,9 +26,11 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::error::{Error, from_sqlx};
-use crate::failure::HandlerError;
+use crate::probe::{CrashPlan, Probe};
 use crate::store;
 use crate::{Engine, Function, Run, RunState, WorkerHandle, WorkerOptions};
+
+pub use crate::probe::Point;
 
 /// Moves the database clock forward by `by` and wakes listening workers.
 ///
@@ -66,78 +68,6 @@ pub async fn set_clock(engine: &Engine, at: DateTime<Utc>) -> Result<(), Error> 
 /// ```
 pub async fn db_now(engine: &Engine) -> Result<DateTime<Utc>, Error> {
     store::db_now(engine.pool()).await.map_err(from_sqlx)
-}
-
-/// Where in a step the test kit can crash an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum Point {
-    /// The step body (or a sleep's wake-time computation) ended, its
-    /// checkpoint was not written yet: on resume the body runs again.
-    AfterBody,
-    /// The checkpoint was stored (for `step_tx`: committed): on resume the
-    /// stored result is returned.
-    AfterCheckpoint,
-}
-
-/// A crash planned for one run: at its `at`-th crash point (from 0), once.
-#[derive(Debug, Clone, Copy)]
-struct CrashPlan {
-    run_id: Uuid,
-    at: usize,
-    fired: bool,
-}
-
-#[derive(Debug, Default)]
-struct ProbeState {
-    /// Per run and step key, how many times its body started.
-    bodies: HashMap<Uuid, BTreeMap<String, u32>>,
-    /// Per run, the crash points met so far, in order.
-    points: HashMap<Uuid, Vec<(Point, String)>>,
-    /// Per step name, how many more bodies to fail.
-    failures: HashMap<String, u32>,
-    crash: Option<CrashPlan>,
-}
-
-/// The engine's hook for the test kit: counts step bodies, fails and crashes them.
-#[derive(Debug, Default)]
-pub(crate) struct Probe {
-    state: Mutex<ProbeState>,
-}
-
-impl Probe {
-    fn lock(&self) -> std::sync::MutexGuard<'_, ProbeState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A step body is about to run: counted; an injected failure is returned.
-    pub(crate) fn body(&self, run_id: Uuid, name: &str, key: &str) -> Option<HandlerError> {
-        let mut s = self.lock();
-        *s.bodies.entry(run_id).or_default().entry(key.to_owned()).or_insert(0) += 1;
-        match s.failures.get_mut(name) {
-            Some(n) if *n > 0 => {
-                *n -= 1;
-                Some(HandlerError::new(format!("injected failure of step {name} (test kit)")))
-            }
-            _ => None,
-        }
-    }
-
-    /// A crash point is reached: whether to crash here.
-    pub(crate) fn crash_here(&self, run_id: Uuid, point: Point, key: &str) -> bool {
-        let mut s = self.lock();
-        let seen = s.points.entry(run_id).or_default();
-        seen.push((point, key.to_owned()));
-        let index = seen.len() - 1;
-        match &mut s.crash {
-            Some(plan) if plan.run_id == run_id && !plan.fired && plan.at == index => {
-                plan.fired = true;
-                true
-            }
-            _ => false,
-        }
-    }
 }
 
 /// An engine for tests on a fresh database of its own, with a worker running,

@@ -20,112 +20,16 @@ use uuid::Uuid;
 
 use crate::checkpoint::{Writer, WriterConfig};
 use crate::ctx::{Ctx, CtxParts, Signal};
-use crate::engine::EngineInner;
 use crate::error::{Error, from_sqlx};
 use crate::failure::{HandlerError, HandlerResult};
+use crate::handoff::{ClaimClasses, Handoff, Wake, class};
 use crate::journal::Journal;
 use crate::kept::Kept;
 use crate::limits;
 use crate::metrics;
+use crate::shared::EngineInner;
 use crate::store::{self, ClaimedRun, Fence, PendingWrite, WriteOutcome};
-
-/// How a worker runs; see [`crate::EngineBuilder::worker_options`].
-///
-/// ```
-/// use std::time::Duration;
-/// let opts = durastep::WorkerOptions { max_in_flight: 256, lease: Duration::from_secs(60), ..Default::default() };
-/// assert_eq!((opts.claim_batch, opts.claim_ahead), (128, 64));
-/// ```
-#[derive(Debug, Clone)]
-// Not #[non_exhaustive]: build it with `..Default::default()`, so new fields stay compatible.
-pub struct WorkerOptions {
-    /// Attempts whose handler runs at once in this worker (default 64). An
-    /// attempt whose handler has returned gives its slot to the next claim
-    /// while its end (completion, failure, retry) is still being written.
-    pub max_in_flight: usize,
-    /// Runs claimed per round trip at most (default 128). A good part of a
-    /// claim's cost is per statement, not per run (docs/performance.md
-    /// "Larger claims"), so a busy worker takes what its free slots and
-    /// [`claim_ahead`](Self::claim_ahead) allow in one round trip.
-    pub claim_batch: usize,
-    /// Runs claimed ahead of free slots (default 64, at most `max_in_flight`,
-    /// and at most as many as this worker's slots freed in the last 100-200
-    /// ms): claimed and leased, they wait in this worker and start the moment
-    /// a slot frees, without a claim round trip in between; the buffer is
-    /// refilled in one claim once half of it has started, and a run that
-    /// waited a second without a slot is given back. Only runs of
-    /// functions without claim-time flow rules or timeouts are claimed ahead
-    /// beyond one run; a run of a flow-limited function is claimed for a
-    /// free slot (or one ahead) and starts ahead of the buffered runs (if
-    /// the other class's claim took the same free slots at the same moment,
-    /// it waits for the next ones). 0 claims only for free slots.
-    pub claim_ahead: usize,
-    /// Longest wait between claims when no notification arrives (default 1 s):
-    /// the bound on how late a timer can fire.
-    pub poll_interval: Duration,
-    /// How long a claim holds a run without a heartbeat (default 30 s).
-    pub lease: Duration,
-    /// How often held leases are extended (default lease / 3).
-    pub heartbeat_interval: Duration,
-    /// How often this worker looks for expired leases to reap (default 5 s).
-    pub reap_interval: Duration,
-    /// On shutdown, how long running attempts may go on before they are released (default 30 s).
-    pub shutdown_grace: Duration,
-    /// Use LISTEN/NOTIFY for low latency (default true); polling alone still guarantees progress.
-    pub listen: bool,
-    /// Group-commit writer tasks (default 2): at most this many commits of
-    /// checkpoints and completions in flight at once. A second one starts
-    /// only with at least 64 writes; fewer wait for the next commit.
-    pub writers: usize,
-    /// Automatic pruning: when set, this worker deletes finished runs (with
-    /// their steps, history and events) that finished longer ago than this,
-    /// every `prune_interval`, as [`crate::Engine::prune`] does (default None:
-    /// keep everything). Several workers may prune at once; they split the work.
-    pub retention: Option<Duration>,
-    /// How often a worker with `retention` prunes (default 60 s). Each round
-    /// deletes at most 20 batches of 500 runs, so a large backlog is worked
-    /// off over several rounds without long transactions.
-    pub prune_interval: Duration,
-}
-
-impl Default for WorkerOptions {
-    fn default() -> Self {
-        WorkerOptions {
-            max_in_flight: 64,
-            claim_batch: 128,
-            claim_ahead: 64,
-            poll_interval: Duration::from_secs(1),
-            lease: Duration::from_secs(30),
-            heartbeat_interval: Duration::from_secs(10),
-            reap_interval: Duration::from_secs(5),
-            shutdown_grace: Duration::from_secs(30),
-            listen: true,
-            writers: 2,
-            retention: None,
-            prune_interval: Duration::from_secs(60),
-        }
-    }
-}
-
-impl WorkerOptions {
-    /// Every duration cut to [`limits::MAX_DURATION`], so none can overflow an
-    /// interval, a timestamp or an `Instant`.
-    pub(crate) fn clamped(mut self) -> Self {
-        let max = limits::MAX_DURATION;
-        for d in [
-            &mut self.poll_interval,
-            &mut self.lease,
-            &mut self.heartbeat_interval,
-            &mut self.reap_interval,
-            &mut self.shutdown_grace,
-            &mut self.prune_interval,
-        ] {
-            *d = (*d).min(max);
-        }
-        self.retention = self.retention.map(|r| r.min(max));
-        self
-    }
-}
+use crate::supervise::{panic_message, spawn_supervised};
 
 /// One attempt executing in this worker.
 struct Held {
@@ -157,151 +61,13 @@ fn lock(held: &HeldRuns) -> std::sync::MutexGuard<'_, HashMap<Uuid, Held>> {
     held.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The workers that run in this process, for the sends made through the
-/// same engine. A send that made a run due wakes them as soon as it has
-/// committed, instead of through the NOTIFY that Postgres delivers to their
-/// listener connection one hop later (which still comes, and still wakes the
-/// workers of other processes). And a one-event send, while one of them
-/// waits idle with nothing due, claims its new runs for that worker in its
-/// own statement and hands them over: the worker starts them without a claim
-/// of its own (docs/architecture.md "The send hands its run to a worker of
-/// its own process").
-#[derive(Default)]
-pub(crate) struct LocalWorkers(std::sync::Mutex<Vec<std::sync::Weak<Handoff>>>);
-
-impl LocalWorkers {
-    /// Adds a worker; it is forgotten once the worker has ended.
-    fn register(&self, handoff: &Arc<Handoff>) {
-        let mut workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        workers.retain(|w| w.strong_count() > 0);
-        workers.push(Arc::downgrade(handoff));
-    }
-
-    /// Wakes the workers of this process that run one of `functions`, for
-    /// the classes that run them (a wake-up while a worker claims is kept
-    /// for its next wait, as a NOTIFY's is).
-    pub(crate) fn wake(&self, functions: &[&str]) {
-        let workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for worker in workers.iter().filter_map(std::sync::Weak::upgrade) {
-            worker.wake.classes(worker.functions.woken_by_ids(functions.iter().copied()));
-        }
-    }
-
-    /// A worker of this process that waits idle with nothing due, with the
-    /// slots it offers taken (a second send finds them gone until the worker
-    /// offers again): the send may claim up to that many runs for it.
-    pub(crate) fn take_offer(&self) -> Option<Offer> {
-        let workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        workers.iter().filter_map(std::sync::Weak::upgrade).find_map(|handoff| {
-            let slots = handoff.open.swap(0, Ordering::AcqRel);
-            (slots > 0).then_some(Offer { handoff, slots })
-        })
-    }
-}
-
-/// How the sends of its process reach a worker: its wake-up, and the runs
-/// they claimed for it.
-pub(crate) struct Handoff {
-    wake: Arc<Wake>,
-    worker_id: Uuid,
-    lease: Duration,
-    /// Its functions by claim class: a send of its process wakes the classes
-    /// of the functions it triggers, and hands on runs of the fast class only.
-    functions: Arc<ClaimClasses>,
-    /// Free slots it offers: set while it waits with nothing due and nothing
-    /// claimed, 0 otherwise.
-    open: AtomicUsize,
-    runs: tokio::sync::mpsc::UnboundedSender<Handed>,
-}
-
-/// A worker's wake-up: it ends the claim loop's wait, for the classes of
-/// functions (index `class(fast)`) it was given. A NOTIFY whose payload names
-/// functions (migrations 0027, 0028), and a send of its own process, wake only
-/// the classes that run one of them; an empty payload and a reconnect of the
-/// listener wake both. Every wake-up marks the classes it is for.
-#[derive(Default)]
-struct Wake {
-    notify: Notify,
-    /// The classes woken since the claim loop last took them.
-    classes: [AtomicBool; 2],
-}
-
-impl Wake {
-    /// Wakes the claim loop for `classes` (nothing, for no class). A wake-up
-    /// while the loop claims is kept for its next wait.
-    fn classes(&self, classes: [bool; 2]) {
-        if classes == [false, false] {
-            return;
-        }
-        for (woken, wake) in self.classes.iter().zip(classes) {
-            if wake {
-                woken.store(true, Ordering::Release);
-            }
-        }
-        self.notify.notify_one();
-    }
-
-    /// The classes woken since the last call. None when the marks of this
-    /// notification were taken with an earlier one's (a wake-up marks its
-    /// classes before it notifies): it was served then.
-    fn take(&self) -> [bool; 2] {
-        self.classes.each_ref().map(|woken| woken.swap(false, Ordering::AcqRel))
-    }
-}
-
-/// A run claimed for a worker by a send of its process.
-struct Handed {
-    run: ClaimedRun,
-    /// Before the send went out: the lease counts from there.
-    sent: Instant,
-    received: Instant,
-}
-
-/// Slots an idle worker offered, taken by one send.
-pub(crate) struct Offer {
-    handoff: Arc<Handoff>,
-    slots: usize,
-}
-
-impl Offer {
-    /// The claim the send makes for the worker.
-    pub(crate) fn to(&self) -> store::HandTo<'_> {
-        let h = &self.handoff;
-        store::HandTo { worker_id: h.worker_id, lease: h.lease, functions: &h.functions.fast, slots: self.slots }
-    }
-
-    /// Hands the runs the send claimed to the worker; a run it can no longer
-    /// take (it stopped meanwhile) is released at once, keeping its place.
-    pub(crate) async fn hand_over(self, engine: &EngineInner, runs: Vec<ClaimedRun>, sent: Instant) {
-        let received = Instant::now();
-        for run in runs {
-            // `error`: refused, as by a worker that stopped.
-            let run = if crate::failpoint_fires!("hand-over") {
-                run
-            } else {
-                match self.handoff.runs.send(Handed { run, sent, received }) {
-                    Ok(()) => continue,
-                    Err(refused) => refused.0.run,
-                }
-            };
-            let fence = run.fence();
-            match store::release_run(&engine.pool, fence).await {
-                Ok(_) => tracing::debug!(run_id = %fence.run_id(), "worker gone; handed run released"),
-                Err(e) => tracing::warn!(
-                    run_id = %fence.run_id(), error = %e,
-                    "could not release a run handed to a stopped worker; its lease will expire"
-                ),
-            }
-        }
-    }
-}
-
 /// Runs one worker until `shutdown` is cancelled.
 pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -> Result<(), Error> {
     let opts = engine.worker.clone();
     let worker_id = Uuid::new_v4();
     let functions = Arc::new(engine.handled());
-    let classes = Arc::new(ClaimClasses::of(&engine));
+    let (fast, full) = engine.handled_by_claim();
+    let classes = Arc::new(ClaimClasses { fast, full });
     let span = tracing::info_span!("worker", %worker_id);
     async move {
         let versions: Vec<String> =
@@ -685,49 +451,6 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
     .await
 }
 
-/// The worker's functions by how their runs are claimed: by the fast claim
-/// (no claim-time flow rule, no timeout) or by the full claim.
-struct ClaimClasses {
-    fast: store::Handled,
-    full: store::Handled,
-}
-
-impl ClaimClasses {
-    fn of(engine: &EngineInner) -> ClaimClasses {
-        let (fast, full) = engine.handled_by_claim();
-        ClaimClasses { fast, full }
-    }
-
-    /// The functions of the fast claim (`fast`) or of the full claim.
-    fn of_class(&self, fast: bool) -> &store::Handled {
-        if fast { &self.fast } else { &self.full }
-    }
-
-    /// The classes (index `class(fast)`) a wake-up on `durastep_wakeup` is
-    /// for: those that run a function its payload names (function ids
-    /// separated by a space), both for an empty payload (it does not say),
-    /// none when it names none of this worker's functions.
-    fn woken_by(&self, payload: &str) -> [bool; 2] {
-        if payload.is_empty() {
-            return [true, true];
-        }
-        self.woken_by_ids(payload.split(' '))
-    }
-
-    /// The classes that run one of `ids`.
-    fn woken_by_ids<'a>(&self, ids: impl Iterator<Item = &'a str>) -> [bool; 2] {
-        let mut woken = [false, false];
-        for id in ids {
-            for fast in [true, false] {
-                if self.of_class(fast).ids.binary_search_by(|f| f.as_str().cmp(id)).is_ok() {
-                    woken[class(fast)] = true;
-                }
-            }
-        }
-        woken
-    }
-}
-
 /// One claim statement for one class of functions, in a task of its own so
 /// that a panic in it (a bug, or the `panic` failpoint action) fails this
 /// claim only: the claim loop logs it and retries, as after a failed claim
@@ -786,31 +509,6 @@ async fn claim_class(
     (result, next_due)
 }
 
-/// Runs a background task of the worker, and runs it again if it panics (a
-/// bug, or the `panic` failpoint action), so that a panic cannot silently stop
-/// the heartbeats, the reaper or a checkpoint writer for good. Returns when the
-/// task returns.
-pub(crate) fn spawn_supervised<F, Fut>(name: &'static str, make: F) -> tokio::task::JoinHandle<()>
-where
-    F: Fn() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    tokio::spawn(async move {
-        loop {
-            match tokio::spawn(make()).await {
-                Err(e) if e.is_panic() => {
-                    tracing::error!(
-                        task = name,
-                        "worker task panicked: {}; restarting it",
-                        panic_message(e.into_panic())
-                    );
-                }
-                _ => return,
-            }
-        }
-    })
-}
-
 /// A claim statement to send: its class (`fast`: the fast claim's
 /// functions), how many runs it may bring, for which worker, and which of
 /// the class's two statements.
@@ -826,12 +524,6 @@ struct Claim {
 struct Sent {
     fast: bool,
     cap: usize,
-}
-
-/// The index of a class in the claim loop's per-class arrays: 0 for the fast
-/// claim's functions, 1 for the full claim's.
-fn class(fast: bool) -> usize {
-    usize::from(!fast)
 }
 
 /// A claim statement that ended: its class, what it asked for, when it was
@@ -1314,13 +1006,6 @@ fn ending_of(joined: Result<HandlerResult<serde_json::Value>, tokio::task::JoinE
     }
 }
 
-fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".to_owned())
-}
-
 /// Extends every held lease in one statement per interval. A run the database
 /// no longer gives this worker has its handler dropped. A statement that gets
 /// no answer within one lease is abandoned (its connection is dropped), so a
@@ -1619,46 +1304,11 @@ async fn cron_tick(engine: &EngineInner, ids: &[String]) -> Result<usize, Error>
     }
     let fired = events.len();
     if fired > 0 {
-        crate::engine::insert(&mut tx, &events).await?;
+        crate::event::insert(&mut tx, &events).await?;
     }
     tx.commit().await.map_err(from_sqlx)?;
     if fired > 0 {
         tracing::info!(fired, "cron fire times sent");
     }
     Ok(fired)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn handled(ids: &[&str]) -> store::Handled {
-        let ids: Vec<String> = ids.iter().map(|s| (*s).to_owned()).collect();
-        store::Handled { version_ids: ids.clone(), versions: vec![1; ids.len()], ids }
-    }
-
-    #[test]
-    fn a_wake_up_wakes_the_classes_of_the_functions_it_names() {
-        let classes = ClaimClasses { fast: handled(&["a", "b/on-failure", "c"]), full: handled(&["limited"]) };
-        assert_eq!(classes.woken_by(""), [true, true], "an empty payload does not say: both");
-        assert_eq!(classes.woken_by("c"), [true, false]);
-        assert_eq!(classes.woken_by("b/on-failure"), [true, false]);
-        assert_eq!(classes.woken_by("limited"), [false, true]);
-        assert_eq!(classes.woken_by("a limited other"), [true, true]);
-        assert_eq!(classes.woken_by("other another"), [false, false], "none of its functions: no class");
-        assert_eq!(classes.woken_by("lim"), [false, false], "ids are matched whole");
-    }
-
-    #[test]
-    fn wake_ups_add_up_until_taken() {
-        let wake = Wake::default();
-        wake.classes([false, false]);
-        assert_eq!(wake.take(), [false, false], "a wake-up for no class wakes none");
-        wake.classes([false, true]);
-        assert_eq!(wake.take(), [false, true]);
-        wake.classes([true, false]);
-        wake.classes([false, true]);
-        assert_eq!(wake.take(), [true, true]);
-        assert_eq!(wake.classes.each_ref().map(|c| c.load(Ordering::Acquire)), [false, false]);
-    }
 }

@@ -389,6 +389,28 @@ pub(crate) struct RunRow {
     pub version: i32,
 }
 
+/// A run as the API shows it.
+impl From<RunRow> for crate::Run {
+    fn from(r: RunRow) -> Self {
+        crate::Run {
+            id: r.id,
+            function_id: r.function_id,
+            event_id: r.event_id,
+            state: r.state,
+            attempt: crate::run::count(r.attempt),
+            max_attempts: crate::run::count(r.max_attempts),
+            lease_losses: crate::run::count(r.lease_losses),
+            run_at: r.run_at,
+            last_error: r.last_error,
+            cancel_reason: r.cancel_reason,
+            output: r.output,
+            created_at: r.created_at,
+            finished_at: r.finished_at,
+            version: crate::run::count(r.version),
+        }
+    }
+}
+
 impl RunRow {
     /// Where its output is stored (the associated data of a sealed output).
     pub(crate) fn output_place(&self) -> crate::codec::Place {

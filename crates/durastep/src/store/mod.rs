@@ -38,7 +38,7 @@ mod waits;
 pub(crate) use admin::*;
 pub(crate) use attempt::*;
 pub(crate) use claim::*;
-pub(crate) use inspect::{ReplayRun, RunRow, load_divergence, load_run, unfinished_runs};
+pub(crate) use inspect::{ReplayRun, load_divergence, load_run, unfinished_runs};
 pub(crate) use leases::*;
 pub(crate) use registration::*;
 pub(crate) use schedules::*;
