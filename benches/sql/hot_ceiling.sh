@@ -6,7 +6,10 @@
 #          claim or completion writes, so neither update can be HOT);
 #   hot:   only the indexes that no claim or completion touches (primary key,
 #          event and function, creation order, parent), fillfactor 50, and
-#          the due runs in a narrow table of their own that a claim deletes from.
+#          the due runs in a narrow table of their own that a claim deletes from;
+#   narrow: every index of today but the due queue's two (`runs_due`,
+#          `runs_next_due`), fillfactor 80, and the due runs in a narrow
+#          table as in `hot`: the narrow due queue alone, without HOT.
 # Each round claims 32 runs (SKIP LOCKED, in queue order) and completes them by
 # id, two statements in two transactions as the engine does, from CLIENTS
 # pgbench clients. Prints runs/s, the machine's busy CPU per 1,000 runs (all
@@ -31,7 +34,7 @@ trap 'psql -qc "DROP DATABASE IF EXISTS $db"' EXIT
 migrated_db "$db"
 tmp=$(mktemp -d)
 cat >"$tmp/setup.sql" <<'SQL'
-DROP TABLE IF EXISTS public.runs_today, public.runs_hot, public.due_hot;
+DROP TABLE IF EXISTS public.runs_today, public.runs_hot, public.due_hot, public.runs_narrow, public.due_narrow;
 CREATE TABLE public.runs_today (LIKE durastep.runs INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)
     WITH (fillfactor = 80);
 CREATE TABLE public.runs_hot (LIKE durastep.runs INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (fillfactor = 50);
@@ -41,13 +44,29 @@ CREATE INDEX ON public.runs_hot (created_at DESC, id DESC);
 CREATE UNIQUE INDEX ON public.runs_hot (parent_run_id, parent_step_key) WHERE parent_run_id IS NOT NULL;
 CREATE TABLE public.due_hot (run_id uuid PRIMARY KEY, priority int NOT NULL, run_at timestamptz NOT NULL);
 CREATE INDEX ON public.due_hot (priority DESC, run_at);
+CREATE TABLE public.runs_narrow (LIKE durastep.runs INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)
+    WITH (fillfactor = 80);
+DO $$
+DECLARE i text;
+BEGIN
+    FOR i IN SELECT indexname FROM pg_indexes WHERE schemaname = 'public' AND tablename = 'runs_narrow'
+                AND (indexdef LIKE '%(priority DESC, run_at) WHERE%' OR indexdef LIKE '%(run_at) WHERE%') LOOP
+        EXECUTE format('DROP INDEX public.%I', i);
+    END LOOP;
+END $$;
+CREATE TABLE public.due_narrow (run_id uuid PRIMARY KEY, priority int NOT NULL, run_at timestamptz NOT NULL);
+CREATE INDEX ON public.due_narrow (priority DESC, run_at);
 INSERT INTO public.runs_today (id, function_id, event_id, state, run_at, max_attempts, created_at)
     SELECT gen_random_uuid(), 'f', gen_random_uuid(), 'queued', now(), 3, now() FROM generate_series(1, 300000);
 INSERT INTO public.runs_hot SELECT * FROM public.runs_today;
 INSERT INTO public.due_hot SELECT id, priority, run_at FROM public.runs_hot;
+INSERT INTO public.runs_narrow SELECT * FROM public.runs_today;
+INSERT INTO public.due_narrow SELECT id, priority, run_at FROM public.runs_narrow;
 VACUUM ANALYZE public.runs_today;
 VACUUM ANALYZE public.runs_hot;
 VACUUM ANALYZE public.due_hot;
+VACUUM ANALYZE public.runs_narrow;
+VACUUM ANALYZE public.due_narrow;
 SQL
 # One round: `c` (the claim's candidates, from the variant's queue), then the
 # claim and the completion, the same for both variants but for their table.
@@ -71,9 +90,13 @@ round_script runs_hot "DELETE FROM public.due_hot WHERE run_id IN (
          SELECT run_id FROM public.due_hot WHERE run_at <= now()
           ORDER BY priority DESC, run_at LIMIT 32 FOR UPDATE SKIP LOCKED)
      RETURNING run_id AS id" >"$tmp/hot.sql"
+round_script runs_narrow "DELETE FROM public.due_narrow WHERE run_id IN (
+         SELECT run_id FROM public.due_narrow WHERE run_at <= now()
+          ORDER BY priority DESC, run_at LIMIT 32 FOR UPDATE SKIP LOCKED)
+     RETURNING run_id AS id" >"$tmp/narrow.sql"
 busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 for round in $(seq 1 "$rounds"); do
-  for s in today hot; do
+  for s in today narrow hot; do
     psql -d "$db" -q -f "$tmp/setup.sql"
     sleep 1
     start=$(psql -d "$db" -Atc "SELECT pg_current_wal_lsn()")
