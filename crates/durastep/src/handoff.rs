@@ -59,16 +59,35 @@ impl LocalWorkers {
 /// How the sends of its process reach a worker: its wake-up, and the runs
 /// they claimed for it.
 pub(crate) struct Handoff {
-    pub(crate) wake: Arc<Wake>,
-    pub(crate) worker_id: Uuid,
-    pub(crate) lease: Duration,
+    wake: Arc<Wake>,
+    worker_id: Uuid,
+    lease: Duration,
     /// Its functions by claim class: a send of its process wakes the classes
     /// of the functions it triggers, and hands on runs of the fast class only.
-    pub(crate) functions: Arc<ClaimClasses>,
+    functions: Arc<ClaimClasses>,
     /// Free slots it offers: set while it waits with nothing due and nothing
     /// claimed, 0 otherwise.
-    pub(crate) open: AtomicUsize,
-    pub(crate) runs: tokio::sync::mpsc::UnboundedSender<Handed>,
+    open: AtomicUsize,
+    runs: tokio::sync::mpsc::UnboundedSender<Handed>,
+}
+
+impl Handoff {
+    /// A worker's hand-off, offering no slots yet, with the receiving end of
+    /// the runs sends will hand it.
+    pub(crate) fn new(
+        wake: Arc<Wake>,
+        worker_id: Uuid,
+        lease: Duration,
+        functions: Arc<ClaimClasses>,
+    ) -> (Arc<Handoff>, tokio::sync::mpsc::UnboundedReceiver<Handed>) {
+        let (runs, handed) = tokio::sync::mpsc::unbounded_channel();
+        (Arc::new(Handoff { wake, worker_id, lease, functions, open: AtomicUsize::new(0), runs }), handed)
+    }
+
+    /// Offers `slots` free slots to the sends of the process (0: none).
+    pub(crate) fn offer(&self, slots: usize) {
+        self.open.store(slots, Ordering::Release);
+    }
 }
 
 /// A worker's wake-up: it ends the claim loop's wait, for the classes of

@@ -12,7 +12,7 @@ use sqlx::PgPool;
 
 use crate::codec::Keyring;
 use crate::function::{Backoff, ErasedHandler};
-use crate::handoff::LocalWorkers;
+use crate::handoff::{ClaimClasses, LocalWorkers};
 use crate::limits::Limits;
 use crate::schedule::{CatchUp, Schedule};
 use crate::store;
@@ -93,8 +93,8 @@ impl EngineInner {
 
     /// [`EngineInner::handled`] of the functions whose runs the fast claim
     /// takes (no claim-time flow rule, no timeout), and of the others.
-    pub(crate) fn handled_by_claim(&self) -> (store::Handled, store::Handled) {
-        (self.handled_where(|v| v.fast_claim), self.handled_where(|v| !v.fast_claim))
+    pub(crate) fn claim_classes(&self) -> ClaimClasses {
+        ClaimClasses { fast: self.handled_where(|v| v.fast_claim), full: self.handled_where(|v| !v.fast_claim) }
     }
 
     fn handled_where(&self, keep: impl Fn(&Versions) -> bool) -> store::Handled {

@@ -66,8 +66,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
     let opts = engine.worker.clone();
     let worker_id = Uuid::new_v4();
     let functions = Arc::new(engine.handled());
-    let (fast, full) = engine.handled_by_claim();
-    let classes = Arc::new(ClaimClasses { fast, full });
+    let classes = Arc::new(engine.claim_classes());
     let span = tracing::info_span!("worker", %worker_id);
     async move {
         let versions: Vec<String> =
@@ -75,15 +74,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         tracing::info!(functions = ?versions, "worker started");
         let held: HeldRuns = Arc::default();
         let wake = Arc::new(Wake::default());
-        let (handed_tx, mut handed) = tokio::sync::mpsc::unbounded_channel();
-        let handoff = Arc::new(Handoff {
-            wake: wake.clone(),
-            worker_id,
-            lease: opts.lease,
-            functions: classes.clone(),
-            open: AtomicUsize::new(0),
-            runs: handed_tx,
-        });
+        let (handoff, mut handed) = Handoff::new(wake.clone(), worker_id, opts.lease, classes.clone());
         engine.local_workers.register(&handoff);
         let slot_freed = Arc::new(Turnover::default());
         let waiting_lost = Arc::new(Notify::new());
@@ -274,7 +265,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 && claims.is_empty()
                 && ready.is_empty()
                 && !classes.fast.ids.is_empty();
-            handoff.open.store(if idle_waiting { slots.available_permits() } else { 0 }, Ordering::Release);
+            handoff.offer(if idle_waiting { slots.available_permits() } else { 0 });
             let held_until = [backoff_until, class_held[0], class_held[1]].into_iter().flatten().min();
             let sleep_until = held_until.unwrap_or_else(|| tokio::time::Instant::now() + opts.poll_interval);
             let give_back_at =
@@ -390,7 +381,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         // Graceful shutdown: no more runs handed over (a send that still
         // tries releases its runs itself); those already handed are given
         // back with the runs claimed ahead.
-        handoff.open.store(0, Ordering::Release);
+        handoff.offer(0);
         handed.close();
         while let Ok(h) = handed.try_recv() {
             let (lost, ending) = (CancellationToken::new(), Arc::default());
