@@ -15,12 +15,12 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::Engine;
 use crate::checkpoint::Writer;
 use crate::ctx::{Ctx, CtxParts, Signal};
 use crate::error::{Error, from_sqlx};
 use crate::journal::{Divergence, Journal};
 use crate::store;
+use crate::{Engine, EngineBuilder};
 
 /// How long one run's dry replay may take before it is reported as a problem
 /// (handler code outside steps that blocks).
@@ -173,6 +173,37 @@ enum DryOutcome {
     Problem(String),
     /// The build has no handler for the run's version.
     Unhandled,
+}
+
+impl EngineBuilder {
+    /// Checks this build's functions against the runs in flight, as
+    /// [`Engine::check_deploy`] does, without building an engine: it validates
+    /// the functions and connects, but does not migrate and registers nothing
+    /// (the live function definitions, flow rules and schedules stay those of
+    /// the deployed build), and it sends only `SELECT`s. So it runs before the
+    /// deploy, as the reader role of docs/security.md. The migration setting
+    /// and worker options are ignored.
+    ///
+    /// Errors: those of [`EngineBuilder::build`] for invalid functions or an
+    /// unreachable database, and [`Error::Database`] when the schema is missing
+    /// or older than this build's (a check needs this build's migrations applied).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), durastep::Error> {
+    /// let billing = durastep::Function::new("billing")
+    ///     .on_event("invoice/due")
+    ///     .handler(|ctx: durastep::Ctx, id: u64| async move { ctx.step("charge", || async move { Ok(id) }).await });
+    /// let report = durastep::Engine::builder()
+    ///     .database_url("postgres://durastep_reader@127.0.0.1/app")
+    ///     .function(billing)
+    ///     .check_deploy()
+    ///     .await?;
+    /// std::process::exit(if report.is_safe() { 0 } else { 1 });
+    /// # }
+    /// ```
+    pub async fn check_deploy(self) -> Result<DeployReport, Error> {
+        self.connect_unregistered().await?.check_deploy().await
+    }
 }
 
 impl Engine {

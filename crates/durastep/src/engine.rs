@@ -508,37 +508,14 @@ impl EngineBuilder {
         }
     }
 
-    /// Checks this build's functions against the runs in flight, as
-    /// [`Engine::check_deploy`] does, without building an engine: it validates
-    /// the functions and connects, but does not migrate and registers nothing
-    /// (the live function definitions, flow rules and schedules stay those of
-    /// the deployed build), and it sends only `SELECT`s. So it runs before the
-    /// deploy, as the reader role of docs/security.md. The migration setting
-    /// and worker options are ignored.
-    ///
-    /// Errors: those of [`EngineBuilder::build`] for invalid functions or an
-    /// unreachable database, and [`Error::Database`] when the schema is missing
-    /// or older than this build's (a check needs this build's migrations applied).
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), durastep::Error> {
-    /// let billing = durastep::Function::new("billing")
-    ///     .on_event("invoice/due")
-    ///     .handler(|ctx: durastep::Ctx, id: u64| async move { ctx.step("charge", || async move { Ok(id) }).await });
-    /// let report = durastep::Engine::builder()
-    ///     .database_url("postgres://durastep_reader@127.0.0.1/app")
-    ///     .function(billing)
-    ///     .check_deploy()
-    ///     .await?;
-    /// std::process::exit(if report.is_safe() { 0 } else { 1 });
-    /// # }
-    /// ```
-    pub async fn check_deploy(mut self) -> Result<crate::DeployReport, Error> {
+    /// An engine that has validated its functions and connected, but has
+    /// not migrated and registered nothing: for
+    /// [`EngineBuilder::check_deploy`] (`deploy.rs`), which only reads.
+    pub(crate) async fn connect_unregistered(mut self) -> Result<Engine, Error> {
         let prepared = prepare(std::mem::take(&mut self.functions), &self.limits)?;
         let (pool, control_pool) =
             connect(self.pool.take(), self.url.take(), self.max_connections, Control::Shared).await?;
-        let engine = Engine { inner: Arc::new(self.into_inner(pool, control_pool, prepared)) };
-        engine.check_deploy().await
+        Ok(Engine { inner: Arc::new(self.into_inner(pool, control_pool, prepared)) })
     }
 }
 

@@ -4,36 +4,33 @@
 //! on each other but the error type and the run state (an error names a
 //! state; parsing a state fails with an error).
 //!
-//! Read from the sources: every `crate::<module>` path and every name the
-//! crate re-exports from one module (`crate::RunState`, `crate::{Engine, ..}`)
-//! outside comments.
+//! Read from the sources: every `crate::<module>` path and every name that
+//! `lib.rs` re-exports from one module (`crate::RunState`,
+//! `crate::{Engine, ..}`), outside comments.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Names `lib.rs` re-exports, with the module each comes from.
-const REEXPORTED: &[(&str, &str)] = &[
-    ("Engine", "engine"),
-    ("EngineBuilder", "engine"),
-    ("Run", "run"),
-    ("RunState", "run"),
-    ("Error", "error"),
-    ("Event", "event"),
-    ("SendReceipt", "event"),
-    ("Function", "function"),
-    ("FunctionBuilder", "function"),
-    ("Ctx", "ctx"),
-    ("HandlerError", "failure"),
-    ("HandlerResult", "failure"),
-    ("Limits", "limits"),
-    ("CronTick", "schedule"),
-    ("Schedule", "schedule"),
-    ("WorkerOptions", "worker_options"),
-    ("WorkerHandle", "worker_handle"),
-];
+/// The names `lib.rs` re-exports from a module of the crate (`pub use
+/// module::Name;` and `pub use module::{A, B};`), with that module.
+fn reexported_names(src: &str) -> BTreeMap<String, String> {
+    let lib = std::fs::read_to_string(format!("{src}/lib.rs")).expect("read lib.rs");
+    let mut names = BTreeMap::new();
+    for (i, _) in lib.match_indices("\npub use ") {
+        let rest = &lib[i + "\npub use ".len()..];
+        let statement = &rest[..rest.find(';').expect("the end of a pub use")];
+        let Some((module, items)) = statement.split_once("::") else { continue };
+        for name in items.split(|c: char| !(c.is_alphanumeric() || c == '_')).filter(|n| !n.is_empty()) {
+            names.insert(name.to_owned(), module.to_owned());
+        }
+    }
+    names
+}
 
 /// Each module (a file of `src/`, `store/` as one) with the modules it names.
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+    let reexported = reexported_names(src);
+    let reexported = |name: &str| reexported.get(name).cloned();
     let mut files = Vec::new();
     for dir in [src.to_owned(), format!("{src}/store")] {
         for entry in std::fs::read_dir(&dir).expect("read src/") {
@@ -78,10 +75,6 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
         deps.retain(|d| known.contains(d) && d != module);
     }
     graph
-}
-
-fn reexported(name: &str) -> Option<String> {
-    REEXPORTED.iter().find(|(n, _)| *n == name).map(|(_, m)| (*m).to_owned())
 }
 
 /// Every module `from` reaches.
