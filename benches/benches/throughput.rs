@@ -41,7 +41,9 @@
 //! off: see `set_history`; never do this in production), `BENCH_MIXED=on`
 //! (every worker process also registers a function with a flow rule, none of
 //! whose runs is due: each claim round then sends the full claim beside the
-//! fast one).
+//! fast one), `BENCH_DROP_INDEXES` (indexes of the `durastep` schema to
+//! drop before anything runs, comma-separated: a probe of what an index costs
+//! the write path; the engine's readers that need one then scan instead).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -535,6 +537,15 @@ async fn main() {
         builder = builder.function(f);
     }
     let engine = builder.build().await.expect("build engine");
+    if let Ok(names) = std::env::var("BENCH_DROP_INDEXES") {
+        for name in names.split(',').filter(|n| !n.is_empty()) {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP INDEX durastep.{}", name.trim())))
+                .execute(&pool)
+                .await
+                .expect("drop an index named by BENCH_DROP_INDEXES");
+            println!("(index durastep.{name} dropped: BENCH_DROP_INDEXES)");
+        }
+    }
     let history_off = std::env::var("BENCH_HISTORY").is_ok_and(|v| v == "off");
     if history_off {
         set_history(&pool, false).await;

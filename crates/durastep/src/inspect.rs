@@ -99,7 +99,10 @@ impl FromStr for Cursor {
     }
 }
 
-/// Which runs to list (or replay): all conditions must hold. Newest first.
+/// Which runs to list (or replay): all conditions must hold. Newest first:
+/// by id, which for every run created since migration 0021 begins with the
+/// millisecond it was created (a time-ordered UUID); then the runs stored
+/// before that, by `created_at` (docs/guide.md, "Inspecting a run").
 ///
 /// ```
 /// use durastep::{RunState, inspect::RunFilter};

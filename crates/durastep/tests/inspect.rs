@@ -297,6 +297,92 @@ async fn listings_paginate_and_filter(_p: PgPoolOptions, opts: PgConnectOptions)
     assert_eq!(functions[0].triggers, ["listed/go"]);
 }
 
+/// Catches: a listing that orders runs by anything but their id (the
+/// creation order of time-ordered ids), that loses or repeats runs with a
+/// random id (stored before migration 0031's listing by id) or mixes them
+/// into the others, a bulk action that misses them, and a `created_after`
+/// bound on ids that leaves out a run created while the test clock was
+/// ahead of where it is now.
+#[sqlx::test(migrations = false)]
+async fn listings_walk_time_ordered_ids_then_the_runs_with_random_ids(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let noop = Function::new("listed").on_event("listed/go").handler(|_: Ctx, _: Value| async move { Ok(()) });
+    let engine = common::engine(&opts, vec![noop]).await;
+    let pool = engine.pool();
+    for batch in 0..3 {
+        let events: Vec<Event> = (0..10).map(|i| Event::new("listed/go", &json!({"i": batch * 10 + i}))).collect();
+        engine.send_batch(events).await.unwrap();
+    }
+    // Runs as an engine before migration 0021 stored them: random ids, the
+    // newest of them created a minute ago, failed. One has a version-7 id
+    // that is not a time of this century; it ends the fifth page below.
+    sqlx::query(
+        "WITH ev AS (INSERT INTO durastep.events (id, name, payload)
+                     SELECT gen_random_uuid(), 'listed/go', jsonb_build_object('old', i)
+                       FROM generate_series(1, 25) i RETURNING id, (payload ->> 'old')::int AS i)
+         INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, attempt, max_attempts, created_at,
+                                    finished_at, last_error)
+         SELECT CASE WHEN ev.i = 5 THEN 'f0000000-0000-7000-8000-000000000005'::uuid ELSE gen_random_uuid() END,
+                'listed', ev.id, 'failed', durastep.now(), 1, 1,
+                durastep.now() - make_interval(mins => ev.i), durastep.now(), 'old' FROM ev",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let expected: Vec<uuid::Uuid> = sqlx::query_scalar(
+        "(SELECT id FROM durastep.runs WHERE created_at > durastep.now() - interval '30 s' ORDER BY id DESC)
+         UNION ALL
+         (SELECT id FROM durastep.runs WHERE created_at <= durastep.now() - interval '30 s'
+           ORDER BY created_at DESC, id DESC)",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(expected.len(), 55);
+
+    let listed = |filter: RunFilter| {
+        let engine = engine.clone();
+        async move {
+            let (mut filter, mut seen) = (filter, Vec::new());
+            for _ in 0..100 {
+                let page = engine.inspect().runs(&filter).await.unwrap();
+                seen.extend(page.runs.iter().map(|r| r.id));
+                match page.next {
+                    Some(c) => filter = filter.after(c.to_string().parse().unwrap()),
+                    None => return seen,
+                }
+            }
+            panic!("a listing goes on past 100 pages: {} runs seen", seen.len())
+        }
+    };
+    // Pages of 7: one of them holds the last time-ordered runs and the first
+    // random ones.
+    assert_eq!(listed(RunFilter::new().limit(7)).await, expected);
+    assert_eq!(listed(RunFilter::new().function("listed").limit(30)).await, expected);
+    assert_eq!(listed(RunFilter::new().state(RunState::Failed).limit(4)).await, expected[30..]);
+    assert_eq!(listed(RunFilter::new().state(RunState::Queued).limit(4)).await, expected[..30]);
+
+    // A bulk action takes the matching runs of both kinds.
+    let replayed = engine.replay_many(&RunFilter::new().state(RunState::Failed), ReplayFrom::Start).await.unwrap();
+    assert_eq!(replayed.iter().collect::<HashSet<_>>(), expected[30..].iter().collect::<HashSet<_>>());
+
+    // Runs created while the test clock is two days ahead, found by
+    // `created_after` from their own time, also once the clock is set back.
+    durastep::testing::advance_clock(&engine, Duration::from_secs(2 * 86_400)).await.unwrap();
+    let sent = engine.send_batch((0..5).map(|i| Event::new("listed/go", &json!({"ahead": i}))).collect()).await;
+    // Newest first: by id (ids minted in one millisecond are in no particular order).
+    let mut ahead: Vec<uuid::Uuid> = sent.unwrap().iter().flat_map(|s| s.run_ids.iter().copied()).collect();
+    ahead.sort_by(|a, b| b.cmp(a));
+    assert_eq!(ahead.len(), 5);
+    let since: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT durastep.now() - interval '1 hour'").fetch_one(pool).await.unwrap();
+    assert_eq!(listed(RunFilter::new().created_after(since).limit(2)).await, ahead);
+    durastep::testing::set_clock(&engine, chrono::Utc::now()).await.unwrap();
+    assert_eq!(listed(RunFilter::new().created_after(since).limit(2)).await, ahead);
+    assert_eq!(listed(RunFilter::new().created_before(since).limit(9)).await.len(), 55);
+    let minutes = engine.inspect().per_minute(Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(minutes.iter().map(|m| m.created).sum::<i64>(), 30 + 5 + 25, "the last hour, and the five ahead");
+}
+
 /// Catches: a blocker view that names the wrong reason (or none) for a run
 /// that is held by concurrency, a sleep, a wait, a backoff, a delayed start,
 /// or that is simply waiting for a worker.

@@ -137,6 +137,41 @@ async fn no_update_trigger_on_runs_keeps_transition_tables(pool: PgPool) {
     assert_eq!(capturing, Vec::<String>::new(), "UPDATE triggers on durastep.runs with transition tables");
 }
 
+/// Catches: a full index added to `durastep.runs`. Claims and completions
+/// are not HOT updates, so each writes an entry into every index whose
+/// predicate its new row meets: a full index costs every run two more
+/// (migration 0031 dropped `runs_created` for about 6% of a drain's CPU per
+/// run; listings walk the primary key). A new one needs a reason here.
+#[sqlx::test(migrations = false)]
+async fn runs_has_no_full_index_beyond_its_keys(pool: PgPool) {
+    durastep::migrate(&pool).await.expect("migrate");
+    let full: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+          WHERE i.indrelid = 'durastep.runs'::regclass AND i.indpred IS NULL ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("indexes of durastep.runs");
+    // The primary key, and one run per function per event.
+    assert_eq!(full, ["runs_event_id_function_id_key", "runs_pkey"], "full indexes of durastep.runs");
+    // The listings' stand-in for runs with random ids holds none of the
+    // runs an engine creates.
+    let predicate: String = sqlx::query_scalar(
+        "SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i
+          WHERE i.indexrelid = 'durastep.runs_created_legacy'::regclass",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("runs_created_legacy");
+    let minted: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT bool_or({predicate}) FROM (SELECT durastep.uuid7() AS id FROM generate_series(1, 1000)) r"
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("the predicate on minted ids");
+    assert!(!minted, "a time-ordered id enters runs_created_legacy: {predicate}");
+}
+
 /// Catches: a migration that redefines a function or view in a way the
 /// repository does not show in one place (a later `CREATE OR REPLACE` that
 /// this parse misses, a function created by hand), or a function whose text

@@ -49,8 +49,66 @@ pub(crate) struct RunListRow {
     pub last_error: Option<String>,
 }
 
-fn push_run_filter(b: &mut QueryBuilder<Postgres>, q: &RunQuery<'_>) {
-    b.push(" WHERE true");
+/// The first time-ordered id of 2100 (`durastep.uuid7_floor('2100-01-01
+/// 00:00:00+00')`): listings walk the primary key for the version-7 ids below
+/// it (migration 0031, which says why).
+macro_rules! first_id_of_2100 {
+    () => {
+        "03bb2cc3-d800-0000-0000-000000000000"
+    };
+}
+
+/// [`first_id_of_2100`] as a value.
+const FIRST_ID_OF_2100: Uuid = match Uuid::try_parse(first_id_of_2100!()) {
+    Ok(id) => id,
+    Err(_) => panic!("a UUID"),
+};
+
+/// The runs a listing walks the primary key for.
+const TIME_ORDERED: &str =
+    concat!(" WHERE (get_byte(uuid_send(r.id), 6) >> 4) = 7 AND r.id < '", first_id_of_2100!(), "'");
+
+/// The others, in `runs_created_legacy`, whose predicate this is word for word.
+const LEGACY: &str =
+    concat!(" WHERE ((get_byte(uuid_send(r.id), 6) >> 4) <> 7 OR r.id >= '", first_id_of_2100!(), "')");
+
+/// Which runs a listing reads: those with a time-ordered id (every run
+/// created since migration 0021), which the primary key orders by creation,
+/// or the others, which the partial index `runs_created_legacy` orders by
+/// `created_at` (migration 0031). A listing reads all of the first kind
+/// before any of the second, which are older.
+#[derive(Clone, Copy, PartialEq)]
+enum Ids {
+    TimeOrdered,
+    Legacy,
+}
+
+impl Ids {
+    /// The kind of `id`: [`TIME_ORDERED`]'s condition.
+    fn of(id: Uuid) -> Ids {
+        if id.get_version_num() == 7 && id < FIRST_ID_OF_2100 { Ids::TimeOrdered } else { Ids::Legacy }
+    }
+
+    /// The order of a listing of this kind, newest first or oldest first.
+    fn order(self, newest_first: bool) -> &'static str {
+        match (self, newest_first) {
+            (Ids::TimeOrdered, true) => " ORDER BY r.id DESC",
+            (Ids::TimeOrdered, false) => " ORDER BY r.id",
+            (Ids::Legacy, true) => " ORDER BY r.created_at DESC, r.id DESC",
+            (Ids::Legacy, false) => " ORDER BY r.created_at, r.id",
+        }
+    }
+}
+
+/// The filter, for the runs of one kind of id. On time-ordered ids a
+/// `created_after` bound also bounds the walk of the primary key below
+/// (`durastep.run_id_floor`), so that it stops at the first run older than
+/// the bound.
+fn push_run_filter(b: &mut QueryBuilder<Postgres>, q: &RunQuery<'_>, ids: Ids) {
+    b.push(match ids {
+        Ids::TimeOrdered => TIME_ORDERED,
+        Ids::Legacy => LEGACY,
+    });
     if let Some(f) = q.function {
         b.push(" AND r.function_id = ").push_bind(f);
     }
@@ -59,6 +117,9 @@ fn push_run_filter(b: &mut QueryBuilder<Postgres>, q: &RunQuery<'_>) {
     }
     if let Some(t) = q.created_after {
         b.push(" AND r.created_at >= ").push_bind(t);
+        if ids == Ids::TimeOrdered {
+            b.push(" AND r.id >= durastep.run_id_floor(").push_bind(t).push(")");
+        }
     }
     if let Some(t) = q.created_before {
         b.push(" AND r.created_at < ").push_bind(t);
@@ -75,27 +136,53 @@ fn push_run_filter(b: &mut QueryBuilder<Postgres>, q: &RunQuery<'_>) {
 }
 
 /// Runs matching the filter, newest first, at most `limit` (keyset paginated).
+/// Newest first is by id for time-ordered ids, then by `created_at` for the
+/// others ([`Ids`]); the cursor's id says which kind the page goes on with.
 pub(crate) async fn list_runs(pool: &PgPool, q: &RunQuery<'_>) -> Result<Vec<RunListRow>, sqlx::Error> {
-    let mut b = QueryBuilder::new(
-        "SELECT r.id, r.function_id, r.event_id, e.name AS event_name, e.idempotency_key, r.state, r.attempt,
-                r.max_attempts, r.lease_losses, least(r.run_at, '9999-12-31 23:59:59+00') AS run_at, r.created_at,
-                r.finished_at, r.last_error
-           FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id",
-    );
-    push_run_filter(&mut b, q);
-    if let Some((t, id)) = q.before {
-        b.push(" AND (r.created_at, r.id) < (").push_bind(t).push(", ").push_bind(id).push(")");
+    let from = q.before.map_or(Ids::TimeOrdered, |(_, id)| Ids::of(id));
+    let mut rows = Vec::new();
+    for ids in [Ids::TimeOrdered, Ids::Legacy] {
+        let left = q.limit - rows.len() as i64;
+        if (ids == Ids::TimeOrdered && from == Ids::Legacy) || left <= 0 {
+            continue;
+        }
+        let mut b = QueryBuilder::new(
+            "SELECT r.id, r.function_id, r.event_id, e.name AS event_name, e.idempotency_key, r.state, r.attempt,
+                    r.max_attempts, r.lease_losses, least(r.run_at, '9999-12-31 23:59:59+00') AS run_at,
+                    r.created_at, r.finished_at, r.last_error
+               FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id",
+        );
+        push_run_filter(&mut b, q, ids);
+        match (q.before, ids) {
+            (Some((_, id)), Ids::TimeOrdered) => {
+                b.push(" AND r.id < ").push_bind(id);
+            }
+            (Some((t, id)), Ids::Legacy) if from == Ids::Legacy => {
+                b.push(" AND (r.created_at, r.id) < (").push_bind(t).push(", ").push_bind(id).push(")");
+            }
+            _ => {}
+        }
+        b.push(ids.order(true)).push(" LIMIT ").push_bind(left);
+        rows.extend(b.build_query_as::<RunListRow>().fetch_all(pool).await?);
     }
-    b.push(" ORDER BY r.created_at DESC, r.id DESC LIMIT ").push_bind(q.limit);
-    b.build_query_as().fetch_all(pool).await
+    Ok(rows)
 }
 
-/// The ids of the runs matching the filter (up to `limit`), oldest first, for bulk actions.
+/// The ids of the runs matching the filter (up to `limit`), oldest first, for
+/// bulk actions: the legacy ids first, then the time-ordered ones ([`Ids`]).
 pub(crate) async fn matching_run_ids(pool: &PgPool, q: &RunQuery<'_>) -> Result<Vec<Uuid>, sqlx::Error> {
-    let mut b = QueryBuilder::new("SELECT r.id FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id");
-    push_run_filter(&mut b, q);
-    b.push(" ORDER BY r.created_at, r.id LIMIT ").push_bind(q.limit);
-    b.build_query_scalar().fetch_all(pool).await
+    let mut out = Vec::new();
+    for ids in [Ids::Legacy, Ids::TimeOrdered] {
+        let left = q.limit - out.len() as i64;
+        if left <= 0 {
+            break;
+        }
+        let mut b = QueryBuilder::new("SELECT r.id FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id");
+        push_run_filter(&mut b, q, ids);
+        b.push(ids.order(false)).push(" LIMIT ").push_bind(left);
+        out.extend(b.build_query_scalar::<Uuid>().fetch_all(pool).await?);
+    }
+    Ok(out)
 }
 
 /// The stored event of a run, or any event.
@@ -320,16 +407,29 @@ pub(crate) async fn per_minute(
     pool: &PgPool,
     window: Duration,
 ) -> Result<Vec<(DateTime<Utc>, i64, i64, i64)>, sqlx::Error> {
-    sqlx::query_as(
+    sqlx::query_as(concat!(
         "WITH t AS (SELECT durastep.now() - make_interval(secs => $1) AS since),
+         -- Runs created: time-ordered ids from the primary key, bounded below
+         -- (durastep.run_id_floor), and the others (migration 0031).
          x AS (
              SELECT date_trunc('minute', r.created_at) AS m, 1 AS c, 0 AS d, 0 AS f
-               FROM durastep.runs r, t WHERE r.created_at >= t.since
+               FROM durastep.runs r
+              WHERE (get_byte(uuid_send(r.id), 6) >> 4) = 7 AND r.id < '",
+        first_id_of_2100!(),
+        "'
+                AND r.id >= (SELECT durastep.run_id_floor(t.since) FROM t) AND r.created_at >= (SELECT t.since FROM t)
+             UNION ALL
+             SELECT date_trunc('minute', r.created_at), 1, 0, 0
+               FROM durastep.runs r
+              WHERE ((get_byte(uuid_send(r.id), 6) >> 4) <> 7 OR r.id >= '",
+        first_id_of_2100!(),
+        "')
+                AND r.created_at >= (SELECT t.since FROM t)
              UNION ALL
              SELECT date_trunc('minute', r.finished_at), 0, (r.state = 'completed')::int, (r.state = 'failed')::int
                FROM durastep.runs r, t WHERE r.finished_at >= t.since)
          SELECT m, sum(c)::bigint, sum(d)::bigint, sum(f)::bigint FROM x GROUP BY m ORDER BY m",
-    )
+    ))
     .bind(secs(window))
     .fetch_all(pool)
     .await
