@@ -329,10 +329,11 @@ async fn listings_walk_time_ordered_ids_then_the_runs_with_random_ids(_p: PgPool
     .await
     .unwrap();
     let expected: Vec<uuid::Uuid> = sqlx::query_scalar(
-        "(SELECT id FROM durastep.runs WHERE created_at > durastep.now() - interval '30 s' ORDER BY id DESC)
+        "(SELECT r.id FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id
+           WHERE NOT e.payload ? 'old' ORDER BY r.id DESC)
          UNION ALL
-         (SELECT id FROM durastep.runs WHERE created_at <= durastep.now() - interval '30 s'
-           ORDER BY created_at DESC, id DESC)",
+         (SELECT r.id FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id
+           WHERE e.payload ? 'old' ORDER BY r.created_at DESC, r.id DESC)",
     )
     .fetch_all(pool)
     .await
