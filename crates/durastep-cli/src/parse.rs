@@ -17,7 +17,7 @@ pub fn run_id(s: &str) -> Result<Uuid, String> {
 
 /// A state name: `queued`, `running`, ... `skipped`.
 pub fn state(s: &str) -> Result<RunState, String> {
-    s.trim().to_ascii_lowercase().parse().map_err(|e: durastep::Error| e.to_string().replace("invalid filter: ", ""))
+    s.trim().to_ascii_lowercase().parse().map_err(|e: durastep::ParseRunStateError| e.to_string())
 }
 
 /// A length of time: a number and a unit, `90s`, `30m`, `2h`, `7d`, `2w`.

@@ -148,6 +148,13 @@ pub(crate) fn describe(e: &sqlx::Error) -> String {
     }
 }
 
+impl From<crate::ParseRunStateError> for Error {
+    /// A state name that is none: [`Error::InvalidFilter`], with the states listed.
+    fn from(e: crate::ParseRunStateError) -> Self {
+        Error::InvalidFilter(e.to_string())
+    }
+}
+
 impl From<sqlx::Error> for Error {
     /// Classifies: unreachable, configuration, missing flow key, or other.
     fn from(e: sqlx::Error) -> Self {

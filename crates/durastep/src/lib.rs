@@ -197,7 +197,7 @@ pub use function::{Backoff, CancelOn, DEFAULT_LEASE_LOSSES, FailedRun, Function,
 pub use inspect::{ReplayFrom, RunFilter};
 pub use journal::{Divergence, EntryKind, JournalEntry, UnknownEntryKind};
 pub use limits::{LimitError, Limits};
-pub use run::{Run, RunState};
+pub use run::{ParseRunStateError, Run, RunState};
 pub use schedule::{CatchUp, CronTick, Schedule, ScheduleError};
 pub use worker_handle::WorkerHandle;
 pub use worker_options::WorkerOptions;

@@ -5,8 +5,6 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::error::Error;
-
 /// The state of a run.
 ///
 /// ```
@@ -104,14 +102,23 @@ impl std::fmt::Display for RunState {
 /// assert!("dead".parse::<durastep::RunState>().is_err());
 /// ```
 impl std::str::FromStr for RunState {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<RunState, Error> {
-        RunState::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| {
-            let names: Vec<&str> = RunState::ALL.iter().map(|st| st.as_str()).collect();
-            Error::InvalidFilter(format!("unknown run state {s:?}; one of {}", names.join(", ")))
-        })
+    type Err = ParseRunStateError;
+    fn from_str(s: &str) -> Result<RunState, ParseRunStateError> {
+        RunState::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| ParseRunStateError(s.to_owned()))
     }
 }
+
+/// A name that is no run state (`RunState`'s `FromStr`). Its message lists
+/// the states; it converts into [`Error::InvalidFilter`](crate::Error::InvalidFilter).
+///
+/// ```
+/// let e = "dead".parse::<durastep::RunState>().unwrap_err();
+/// assert!(e.to_string().starts_with("unknown run state \"dead\"; one of queued, running"));
+/// assert!(matches!(durastep::Error::from(e), durastep::Error::InvalidFilter(_)));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown run state {0:?}; one of {names}", names = RunState::ALL.map(RunState::as_str).join(", "))]
+pub struct ParseRunStateError(String);
 
 /// A run state in the database that this build does not know (a newer
 /// migration's, or a hand edit): reading it is an error, never a guess.
