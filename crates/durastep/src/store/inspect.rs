@@ -49,28 +49,26 @@ pub(crate) struct RunListRow {
     pub last_error: Option<String>,
 }
 
-/// The first time-ordered id of 2100 (`durastep.uuid7_floor('2100-01-01
-/// 00:00:00+00')`): listings walk the primary key for the version-7 ids below
-/// it (migration 0031, which says why).
-macro_rules! first_id_of_2100 {
+/// The runs a listing walks the primary key for: version-7 ids below
+/// `03bb2cc3-d800-0000-0000-000000000000`, the first time-ordered id of 2100
+/// (`durastep.uuid7_floor('2100-01-01 00:00:00+00')`; migration 0031 says
+/// why). A macro, for the statements that splice it in with `concat!`.
+macro_rules! time_ordered {
     () => {
-        "03bb2cc3-d800-0000-0000-000000000000"
+        "(get_byte(uuid_send(r.id), 6) >> 4) = 7 AND r.id < '03bb2cc3-d800-0000-0000-000000000000'"
     };
 }
 
-/// [`first_id_of_2100`] as a value.
-const FIRST_ID_OF_2100: Uuid = match Uuid::try_parse(first_id_of_2100!()) {
-    Ok(id) => id,
-    Err(_) => panic!("a UUID"),
-};
+/// The other runs: the predicate of `runs_created_legacy`, word for word
+/// (so that the planner matches it), on `r`.
+macro_rules! legacy {
+    () => {
+        "((get_byte(uuid_send(r.id), 6) >> 4) <> 7 OR r.id >= '03bb2cc3-d800-0000-0000-000000000000')"
+    };
+}
 
-/// The runs a listing walks the primary key for.
-const TIME_ORDERED: &str =
-    concat!(" WHERE (get_byte(uuid_send(r.id), 6) >> 4) = 7 AND r.id < '", first_id_of_2100!(), "'");
-
-/// The others, in `runs_created_legacy`, whose predicate this is word for word.
-const LEGACY: &str =
-    concat!(" WHERE ((get_byte(uuid_send(r.id), 6) >> 4) <> 7 OR r.id >= '", first_id_of_2100!(), "')");
+/// The bound of [`time_ordered`] as a value.
+const FIRST_ID_OF_2100: Uuid = uuid::uuid!("03bb2cc3-d800-0000-0000-000000000000");
 
 /// Which runs a listing reads: those with a time-ordered id (every run
 /// created since migration 0021), which the primary key orders by creation,
@@ -84,18 +82,32 @@ enum Ids {
 }
 
 impl Ids {
-    /// The kind of `id`: [`TIME_ORDERED`]'s condition.
+    /// The kind of `id`: [`time_ordered`]'s condition, in Rust.
     fn of(id: Uuid) -> Ids {
         if id.get_version_num() == 7 && id < FIRST_ID_OF_2100 { Ids::TimeOrdered } else { Ids::Legacy }
     }
 
-    /// The order of a listing of this kind, newest first or oldest first.
-    fn order(self, newest_first: bool) -> &'static str {
-        match (self, newest_first) {
-            (Ids::TimeOrdered, true) => " ORDER BY r.id DESC",
-            (Ids::TimeOrdered, false) => " ORDER BY r.id",
-            (Ids::Legacy, true) => " ORDER BY r.created_at DESC, r.id DESC",
-            (Ids::Legacy, false) => " ORDER BY r.created_at, r.id",
+    /// The runs of this kind (a `WHERE` clause).
+    fn condition(self) -> &'static str {
+        match self {
+            Ids::TimeOrdered => concat!(" WHERE ", time_ordered!()),
+            Ids::Legacy => concat!(" WHERE ", legacy!()),
+        }
+    }
+
+    /// Newest first.
+    fn newest_first(self) -> &'static str {
+        match self {
+            Ids::TimeOrdered => " ORDER BY r.id DESC",
+            Ids::Legacy => " ORDER BY r.created_at DESC, r.id DESC",
+        }
+    }
+
+    /// Oldest first.
+    fn oldest_first(self) -> &'static str {
+        match self {
+            Ids::TimeOrdered => " ORDER BY r.id",
+            Ids::Legacy => " ORDER BY r.created_at, r.id",
         }
     }
 }
@@ -105,10 +117,7 @@ impl Ids {
 /// (`durastep.run_id_floor`), so that it stops at the first run older than
 /// the bound.
 fn push_run_filter(b: &mut QueryBuilder<Postgres>, q: &RunQuery<'_>, ids: Ids) {
-    b.push(match ids {
-        Ids::TimeOrdered => TIME_ORDERED,
-        Ids::Legacy => LEGACY,
-    });
+    b.push(ids.condition());
     if let Some(f) = q.function {
         b.push(" AND r.function_id = ").push_bind(f);
     }
@@ -162,7 +171,7 @@ pub(crate) async fn list_runs(pool: &PgPool, q: &RunQuery<'_>) -> Result<Vec<Run
             }
             _ => {}
         }
-        b.push(ids.order(true)).push(" LIMIT ").push_bind(left);
+        b.push(ids.newest_first()).push(" LIMIT ").push_bind(left);
         rows.extend(b.build_query_as::<RunListRow>().fetch_all(pool).await?);
     }
     Ok(rows)
@@ -179,7 +188,7 @@ pub(crate) async fn matching_run_ids(pool: &PgPool, q: &RunQuery<'_>) -> Result<
         }
         let mut b = QueryBuilder::new("SELECT r.id FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id");
         push_run_filter(&mut b, q, ids);
-        b.push(ids.order(false)).push(" LIMIT ").push_bind(left);
+        b.push(ids.oldest_first()).push(" LIMIT ").push_bind(left);
         out.extend(b.build_query_scalar::<Uuid>().fetch_all(pool).await?);
     }
     Ok(out)
@@ -414,16 +423,16 @@ pub(crate) async fn per_minute(
          x AS (
              SELECT date_trunc('minute', r.created_at) AS m, 1 AS c, 0 AS d, 0 AS f
                FROM durastep.runs r
-              WHERE (get_byte(uuid_send(r.id), 6) >> 4) = 7 AND r.id < '",
-        first_id_of_2100!(),
-        "'
+              WHERE ",
+        time_ordered!(),
+        "
                 AND r.id >= (SELECT durastep.run_id_floor(t.since) FROM t) AND r.created_at >= (SELECT t.since FROM t)
              UNION ALL
              SELECT date_trunc('minute', r.created_at), 1, 0, 0
                FROM durastep.runs r
-              WHERE ((get_byte(uuid_send(r.id), 6) >> 4) <> 7 OR r.id >= '",
-        first_id_of_2100!(),
-        "')
+              WHERE ",
+        legacy!(),
+        "
                 AND r.created_at >= (SELECT t.since FROM t)
              UNION ALL
              SELECT date_trunc('minute', r.finished_at), 0, (r.state = 'completed')::int, (r.state = 'failed')::int
@@ -605,4 +614,30 @@ pub(crate) async fn load_divergence(pool: &PgPool, run_id: Uuid) -> Result<Optio
         .fetch_optional(pool)
         .await?;
     Ok(v.flatten())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The legacy listing's condition is `runs_created_legacy`'s predicate as
+    /// migration 0031 writes it: the planner uses the index only for the same text.
+    #[test]
+    fn the_legacy_condition_is_the_index_predicate() {
+        let migration = include_str!("../../../../migrations/0031_runs_listed_by_id.sql");
+        let condition = legacy!().replace("r.id", "id");
+        let bare = condition.strip_prefix('(').and_then(|c| c.strip_suffix(')')).expect("parenthesized");
+        assert!(migration.contains(&format!("WHERE {bare};")), "{bare}");
+        // And the time-ordered one is its complement, on the same constant.
+        assert!(time_ordered!().contains("= 7 AND r.id < '03bb2cc3-d800-0000-0000-000000000000'"));
+        assert_eq!(FIRST_ID_OF_2100.to_string(), "03bb2cc3-d800-0000-0000-000000000000");
+    }
+
+    #[test]
+    fn ids_are_told_apart_as_the_conditions_do() {
+        assert!(Ids::of(Uuid::now_v7()) == Ids::TimeOrdered);
+        assert!(Ids::of(Uuid::new_v4()) == Ids::Legacy);
+        let v7_after_2100 = uuid::uuid!("f0000000-0000-7000-8000-000000000005");
+        assert!(Ids::of(v7_after_2100) == Ids::Legacy, "a version-7 id past the bound goes with the others");
+    }
 }
