@@ -977,9 +977,10 @@ pub struct MinuteCount {
     pub minute: DateTime<Utc>,
     /// Runs created in it.
     pub created: i64,
-    /// Runs completed in it.
+    /// Runs completed in it. A run replayed and completed again counts in
+    /// the minute of each completion (the run history records each).
     pub completed: i64,
-    /// Runs failed in it.
+    /// Runs failed in it (each failure of a run replayed since, too).
     pub failed: i64,
 }
 

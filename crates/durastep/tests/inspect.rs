@@ -12,6 +12,7 @@ use durastep::inspect::{AttemptOutcome, BlockerKind, EventFilter, RunFilter, Ste
 use durastep::{Backoff, Ctx, Engine, Error, Event, Function, HandlerError, ReplayFrom, RunState, WorkerOptions};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use uuid::Uuid;
 
 fn bump(n: &AtomicU32) -> u32 {
     n.fetch_add(1, Ordering::SeqCst) + 1
@@ -525,6 +526,67 @@ async fn prune_deletes_old_finished_runs_with_everything_they_own(_p: PgPoolOpti
     assert_eq!(engine.run(napping).await.unwrap().state, RunState::Sleeping);
     assert_eq!(engine.inspect().run(fresh).await.unwrap().steps.len(), 1);
     assert_eq!(engine.prune(Duration::from_secs(86_400)).await.unwrap().runs, 0);
+}
+
+/// Catches: pruning whose walk of the primary key misses old runs (migration
+/// 0033 finds finished runs by id instead of by `finished_at`): runs created
+/// while the test clock was set back ten days, whose ids are then far newer
+/// than their `created_at`, and runs with random ids, which the walk of
+/// time-ordered ids cannot bound. Also: the runs of that time that have not
+/// finished, and recent ones, are kept.
+#[sqlx::test(migrations = false)]
+async fn prune_finds_old_runs_under_any_clock_and_with_random_ids(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let done = Function::new("done").on_event("done/go").handler(|_: Ctx, _: Value| async move { Ok(()) });
+    let sleeper = Function::new("napper").on_event("napper/go").handler(|ctx: Ctx, _: Value| async move {
+        ctx.sleep("long", Duration::from_secs(30 * 86_400)).await?;
+        Ok(())
+    });
+    let engine = common::engine(&opts, vec![done, sleeper]).await;
+    let now = chrono::Utc::now();
+    durastep::testing::set_clock(&engine, now - chrono::Duration::days(10)).await.unwrap();
+    let old: Vec<Uuid> = engine
+        .send_batch((0..30).map(|i| Event::new("done/go", &json!({"i": i}))).collect())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_ids[0])
+        .collect();
+    let napping = engine.send(Event::new("napper/go", &json!({}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    for id in &old {
+        common::finished(&engine, *id).await;
+    }
+    common::wait_for_run_where(&engine, napping, "sleeping", |r| r.state == RunState::Sleeping).await;
+    w.stop().await;
+    // Runs with random ids, finished five days ago, as runs stored before
+    // migration 0021 are.
+    sqlx::query(
+        "WITH e AS (INSERT INTO durastep.events (id, name, payload) VALUES (gen_random_uuid(), 'done/go', '{}')
+                    RETURNING id)
+         INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, created_at, finished_at)
+         SELECT gen_random_uuid(), 'done-' || i, e.id, 'completed', durastep.now(), 3,
+                durastep.now() + interval '5 days', durastep.now() + interval '5 days'
+           FROM e, generate_series(1, 20) i",
+    )
+    .execute(engine.pool())
+    .await
+    .unwrap();
+    durastep::testing::set_clock(&engine, now).await.unwrap();
+    let fresh = engine.send(Event::new("done/go", &json!({"fresh": true}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    common::finished(&engine, fresh).await;
+    w.stop().await;
+
+    assert_eq!(engine.inspect().prunable(Duration::from_secs(86_400)).await.unwrap(), 50);
+    let report = engine.prune(Duration::from_secs(86_400)).await.unwrap();
+    assert_eq!(report.runs, 50, "{report:?}");
+    let mut left: Vec<Uuid> =
+        sqlx::query_scalar("SELECT id FROM durastep.runs").fetch_all(engine.pool()).await.unwrap();
+    left.sort();
+    let mut kept = vec![napping, fresh];
+    kept.sort();
+    assert_eq!(left, kept);
+    assert_eq!(engine.inspect().prunable(Duration::from_secs(86_400)).await.unwrap(), 0);
 }
 
 /// Catches: a worker with `retention` that never prunes (or prunes recent runs).

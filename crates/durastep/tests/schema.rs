@@ -5,8 +5,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use durastep::RunState;
+mod common;
+
+use durastep::{Ctx, Event, Function, RunState};
 use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// The migrations, oldest first: (file name, text).
 fn migrations() -> Vec<(String, String)> {
@@ -170,6 +173,66 @@ async fn runs_has_no_full_index_beyond_its_keys(pool: PgPool) {
     .await
     .expect("the predicate on minted ids");
     assert!(!minted, "a time-ordered id enters runs_created_legacy: {predicate}");
+}
+
+/// The indexes of `durastep.runs` that a plain run's claim and completion
+/// still change (they enter or leave the due queue, the running runs, the
+/// finished runs): every other index must leave both updates HOT-eligible.
+const CHANGED_BY_CLAIMS: [&str; 3] = ["runs_due", "runs_next_due", "runs_running"];
+
+/// Catches: an index of `durastep.runs` beyond the three above that names a
+/// column a claim or a completion of a plain run changes (`state`,
+/// `started_at`, `worker_id`, `finished_at`, ...), in its key or its
+/// predicate. Postgres keeps an update HOT (no index entry written) only
+/// when no indexed column changes, so such an index keeps every claim and
+/// completion writing an entry into every index; migration 0032 moved eight
+/// of them onto generated columns that a plain run's updates leave NULL, and
+/// 0033 dropped `runs_finished`, which every completion entered. The test
+/// drops the three that change by nature, drains runs with the real
+/// worker, and reads the table's HOT count: with any other blocking index it
+/// is zero.
+#[sqlx::test(migrations = false)]
+async fn claims_and_completions_leave_every_other_index_alone(_p: PgPoolOptions, opts: PgConnectOptions) {
+    const RUNS: i64 = 200;
+    let f = Function::new("plain")
+        .on_event("plain/go")
+        .handler(|ctx: Ctx, n: u32| async move { ctx.step("one", || async move { Ok(n + 1) }).await });
+    let engine = common::engine(&opts, vec![f]).await;
+    let admin = PgPoolOptions::new().max_connections(1).connect_with(opts.clone()).await.expect("connect");
+    for index in CHANGED_BY_CLAIMS {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP INDEX durastep.{index}")))
+            .execute(&admin)
+            .await
+            .expect("drop index");
+    }
+    // Room on each page for the new row versions, as a HOT update needs.
+    sqlx::query("ALTER TABLE durastep.runs SET (fillfactor = 50)").execute(&admin).await.expect("fillfactor");
+    let events = (0..RUNS).map(|n| Event::new("plain/go", &n)).collect();
+    let receipts = engine.send_batch(events).await.expect("send");
+    let w = common::spawn_worker(&engine);
+    for r in &receipts {
+        common::finished(&engine, r.run_ids[0]).await;
+    }
+    w.stop().await;
+    // The workers' sessions report their counts when they end.
+    engine.pool().close().await;
+    let deadline = tokio::time::Instant::now() + common::DEADLINE;
+    let (updates, hot) = loop {
+        let (updates, hot): (i64, i64) = sqlx::query_as(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'durastep.runs'::regclass",
+        )
+        .fetch_one(&admin)
+        .await
+        .expect("table statistics");
+        if updates >= 2 * RUNS {
+            break (updates, hot);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{updates} updates of durastep.runs reported");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    // Most of them could be HOT, each as long as its page has room; none
+    // while one more index names a column they change.
+    assert!(hot * 4 >= updates, "{hot} of {updates} updates of durastep.runs were HOT");
 }
 
 /// Catches: a migration that redefines a function or view in a way the

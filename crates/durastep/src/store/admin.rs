@@ -160,17 +160,29 @@ pub(crate) struct Pruned {
     pub runs: u64,
     pub events: u64,
     pub flow_keys: u64,
+    /// Where the pass's next batch goes on: the largest time-ordered id this
+    /// batch deleted (or the batch's `after`).
+    pub last_run: Option<Uuid>,
 }
 
 /// How many runs [`prune_batch`] would delete now (the same condition, no lock).
 pub(crate) async fn prunable(pool: &PgPool, older_than: Duration) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
-        "SELECT count(*) FROM durastep.runs r
-          WHERE r.finished_at < durastep.now() - make_interval(secs => $1)
-            AND r.state IN ('completed', 'failed', 'cancelled', 'skipped')
-            AND r.worker_id IS NULL
-            AND NOT EXISTS (SELECT 1 FROM durastep.runs p WHERE p.id = r.parent_run_id
-                             AND p.state IN ('queued', 'running', 'sleeping', 'waiting', 'diverged'))",
+        // The runs `prune_batch` walks (migration 0033): by id up to the
+        // bound's ceiling, and those with other ids created before it.
+        concat!(
+            "WITH t AS MATERIALIZED (SELECT durastep.now() - make_interval(secs => $1) AS bound)
+             SELECT count(*) FROM durastep.runs r
+              WHERE (r.id < (SELECT durastep.run_id_ceiling(t.bound) FROM t)
+                     OR (",
+            legacy!(),
+            " AND r.created_at < (SELECT t.bound FROM t)))
+                AND r.finished_at < (SELECT t.bound FROM t)
+                AND r.state IN ('completed', 'failed', 'cancelled', 'skipped')
+                AND r.worker_id IS NULL
+                AND NOT EXISTS (SELECT 1 FROM durastep.runs p WHERE p.id = r.parent_run_id
+                                 AND p.state IN ('queued', 'running', 'sleeping', 'waiting', 'diverged'))"
+        ),
     )
     .bind(secs(older_than))
     .fetch_one(pool)
@@ -185,16 +197,25 @@ pub(crate) async fn prunable(pool: &PgPool, older_than: Duration) -> Result<i64,
 /// LOCKED), so a batch never waits on a worker; each batch is one short
 /// transaction. A run whose parent has not finished is kept (the parent's
 /// invoke may still look for it), and so is a cancelled run whose attempt is
-/// still stopping (`worker_id` set: it holds its slots until then). The
-/// statements are the function `durastep.prune_batch` (migration 0017).
-pub(crate) async fn prune_batch(pool: &PgPool, older_than: Duration, batch: i64) -> Result<Pruned, sqlx::Error> {
-    let (runs, events, flow_keys): (i64, i64, i64) =
-        sqlx::query_as("SELECT pruned_runs, pruned_events, pruned_flow_keys FROM durastep.prune_batch($1, $2)")
-            .bind(secs(older_than))
-            .bind(i32::try_from(batch).unwrap_or(i32::MAX))
-            .fetch_one(pool)
-            .await?;
-    Ok(Pruned { runs: runs as u64, events: events as u64, flow_keys: flow_keys as u64 })
+/// still stopping (`worker_id` set: it holds its slots until then). Runs
+/// with time-ordered ids are looked for after `after`, the `last_run` of the
+/// pass's batch before (migration 0033). The statements are the function
+/// `durastep.prune_batch` (migrations 0017, 0033).
+pub(crate) async fn prune_batch(
+    pool: &PgPool,
+    older_than: Duration,
+    batch: i64,
+    after: Option<Uuid>,
+) -> Result<Pruned, sqlx::Error> {
+    let (runs, events, flow_keys, last_run): (i64, i64, i64, Option<Uuid>) = sqlx::query_as(
+        "SELECT pruned_runs, pruned_events, pruned_flow_keys, last_run FROM durastep.prune_batch($1, $2, $3)",
+    )
+    .bind(secs(older_than))
+    .bind(i32::try_from(batch).unwrap_or(i32::MAX))
+    .bind(after)
+    .fetch_one(pool)
+    .await?;
+    Ok(Pruned { runs: runs as u64, events: events as u64, flow_keys: flow_keys as u64, last_run })
 }
 
 /// Rows per pruning transaction: small, so no lock is held for long.
@@ -218,8 +239,10 @@ pub(crate) async fn prune_all(
     max_batches: u64,
 ) -> Result<PruneTotals, sqlx::Error> {
     let mut report = PruneTotals::default();
+    let mut after = None;
     while report.batches < max_batches {
-        let p = prune_batch(pool, older_than, PRUNE_BATCH).await?;
+        let p = prune_batch(pool, older_than, PRUNE_BATCH, after).await?;
+        after = p.last_run;
         report.batches += 1;
         report.runs += p.runs;
         report.events += p.events;

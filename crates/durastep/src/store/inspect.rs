@@ -49,24 +49,6 @@ pub(crate) struct RunListRow {
     pub last_error: Option<String>,
 }
 
-/// The runs a listing walks the primary key for: version-7 ids below
-/// `03bb2cc3-d800-0000-0000-000000000000`, the first time-ordered id of 2100
-/// (`durastep.uuid7_floor('2100-01-01 00:00:00+00')`; migration 0031 says
-/// why). A macro, for the statements that splice it in with `concat!`.
-macro_rules! time_ordered {
-    () => {
-        "(get_byte(uuid_send(r.id), 6) >> 4) = 7 AND r.id < '03bb2cc3-d800-0000-0000-000000000000'"
-    };
-}
-
-/// The other runs: the predicate of `runs_created_legacy`, word for word
-/// (so that the planner matches it), on `r`.
-macro_rules! legacy {
-    () => {
-        "((get_byte(uuid_send(r.id), 6) >> 4) <> 7 OR r.id >= '03bb2cc3-d800-0000-0000-000000000000')"
-    };
-}
-
 /// The bound of [`time_ordered`] as a value.
 const FIRST_ID_OF_2100: Uuid = uuid::uuid!("03bb2cc3-d800-0000-0000-000000000000");
 
@@ -112,6 +94,12 @@ impl Ids {
     }
 }
 
+/// The states whose runs `runs_listed_by_state` holds: the generated column
+/// `listed_state` of migration 0032 is the state for these and NULL for the
+/// others (queued and running runs are few and found by their own indexes;
+/// completed ones are the bulk of the table, walked by id).
+const LISTED_STATES: [&str; 6] = ["sleeping", "waiting", "failed", "cancelled", "skipped", "diverged"];
+
 /// The filter, for the runs of one kind of id. On time-ordered ids a
 /// `created_after` bound also bounds the walk of the primary key below
 /// (`durastep.run_id_floor`), so that it stops at the first run older than
@@ -123,6 +111,12 @@ fn push_run_filter(b: &mut QueryBuilder<Postgres>, q: &RunQuery<'_>, ids: Ids) {
     }
     if !q.states.is_empty() {
         b.push(" AND r.state = ANY (").push_bind(q.states.to_vec()).push(")");
+        // Only states listed by state (and so named by `r.listed_state`)
+        // are found through `runs_listed_by_state`, whose key is that
+        // column; the others are filtered on the walk of the primary key.
+        if q.states.iter().all(|s| LISTED_STATES.contains(s)) {
+            b.push(" AND r.listed_state = ANY (").push_bind(q.states.to_vec()).push(")");
+        }
     }
     if let Some(t) = q.created_after {
         b.push(" AND r.created_at >= ").push_bind(t);
@@ -396,7 +390,7 @@ pub(crate) async fn unfinished_counts(pool: &PgPool) -> Result<Vec<(String, RunS
         "SELECT function_id, state, count(*) FROM (
              SELECT function_id, state FROM durastep.runs WHERE state IN ('queued', 'sleeping', 'waiting')
              UNION ALL SELECT function_id, state FROM durastep.runs WHERE state = 'running'
-             UNION ALL SELECT function_id, state FROM durastep.runs WHERE state = 'diverged') u
+             UNION ALL SELECT function_id, state FROM durastep.runs WHERE listed_state = 'diverged') u
           GROUP BY 1, 2 ORDER BY 1, 2",
     )
     .fetch_all(pool)
@@ -411,7 +405,8 @@ pub(crate) async fn count_estimates(pool: &PgPool) -> Result<Vec<(String, RunSta
         .await
 }
 
-/// Per minute over the last `window`: runs created, completed, failed (by the database clock).
+/// Per minute over the last `window`: runs created, completed, failed (by the
+/// database clock; the finishes from the run history).
 pub(crate) async fn per_minute(
     pool: &PgPool,
     window: Duration,
@@ -435,8 +430,10 @@ pub(crate) async fn per_minute(
         "
                 AND r.created_at >= (SELECT t.since FROM t)
              UNION ALL
-             SELECT date_trunc('minute', r.finished_at), 0, (r.state = 'completed')::int, (r.state = 'failed')::int
-               FROM durastep.runs r, t WHERE r.finished_at >= t.since)
+             -- Runs finished: their completions and failures as the run
+             -- history records them, through its BRIN index on `at` (0033).
+             SELECT date_trunc('minute', h.at), 0, (h.state = 'completed')::int, (h.state = 'failed')::int
+               FROM durastep.run_history h, t WHERE h.at >= t.since AND h.state IN ('completed', 'failed'))
          SELECT m, sum(c)::bigint, sum(d)::bigint, sum(f)::bigint FROM x GROUP BY m ORDER BY m",
     ))
     .bind(secs(window))
@@ -574,7 +571,7 @@ pub(crate) async fn unfinished_runs(
                        UNION ALL SELECT id FROM durastep.runs
                         WHERE state = 'running' AND function_id = ANY ($1) AND id > $2
                        UNION ALL SELECT id FROM durastep.runs
-                        WHERE state = 'diverged' AND function_id = ANY ($1) AND id > $2) u
+                        WHERE listed_state = 'diverged' AND function_id = ANY ($1) AND id > $2) u
                     ORDER BY u.id LIMIT $3) page
                JOIN durastep.runs c ON c.id = page.id
                JOIN durastep.events e ON e.id = c.event_id
@@ -631,6 +628,16 @@ mod tests {
         // And the time-ordered one is its complement, on the same constant.
         assert!(time_ordered!().contains("= 7 AND r.id < '03bb2cc3-d800-0000-0000-000000000000'"));
         assert_eq!(FIRST_ID_OF_2100.to_string(), "03bb2cc3-d800-0000-0000-000000000000");
+    }
+
+    /// `LISTED_STATES` are the states for which migration 0032's `listed_state`
+    /// is not NULL: a state missing here would be listed by a walk of every
+    /// run instead of through its index, one too many would list nothing.
+    #[test]
+    fn the_listed_states_are_the_generated_column_s() {
+        let migration = include_str!("../../../../migrations/0032_indexes_a_claim_leaves_alone.sql");
+        let states = LISTED_STATES.map(|s| format!("'{s}'")).join(", ");
+        assert!(migration.contains(&format!("CASE WHEN state IN ({states}) THEN state END")), "{states}");
     }
 
     #[test]

@@ -23,6 +23,25 @@ use uuid::Uuid;
 
 use crate::journal::{EntryKind, JournalEntry};
 
+/// The runs a listing (and pruning) walks the primary key for: version-7 ids below
+/// `03bb2cc3-d800-0000-0000-000000000000`, the first time-ordered id of 2100
+/// (`durastep.uuid7_floor('2100-01-01 00:00:00+00')`; migration 0031 says
+/// why). A macro, for the statements that splice it in with `concat!`.
+macro_rules! time_ordered {
+    () => {
+        "(get_byte(uuid_send(r.id), 6) >> 4) = 7 AND r.id < '03bb2cc3-d800-0000-0000-000000000000'"
+    };
+}
+
+/// The other runs: the predicate of `runs_created_legacy`, word for word
+/// (so that the planner matches it), on `r`. Listings and pruning read them
+/// by `created_at` through that index.
+macro_rules! legacy {
+    () => {
+        "((get_byte(uuid_send(r.id), 6) >> 4) <> 7 OR r.id >= '03bb2cc3-d800-0000-0000-000000000000')"
+    };
+}
+
 mod admin;
 mod attempt;
 mod claim;
