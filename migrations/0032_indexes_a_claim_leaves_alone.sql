@@ -8,8 +8,9 @@
 -- parked, not stopping, never listed by state) leaves them as they are, and
 -- `state` changes on every claim and every completion.
 --
--- Each of them now reads a stored generated column instead: the value the
--- index is about while the run is in the states it was for, NULL otherwise.
+-- Seven of them now read a stored generated column instead (the eighth,
+-- the parked runs' index, is below): the value the index is about while
+-- the run is in the states it was for, NULL otherwise.
 -- A plain run's claim and completion leave every one of them NULL (or, for
 -- `attempt_stopping`, false), so none of these indexes keeps those updates
 -- off HOT any more; a run they hold changes the column exactly when it
