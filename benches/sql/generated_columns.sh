@@ -87,21 +87,11 @@ UPDATE public.$1 r SET state = 'completed', finished_at = now(), output = 'null'
 SQL
 }
 for s in before generated plain; do round_script "runs_$s" >"$tmp/$s.sql"; done
-busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 for round in $(seq 1 "$rounds"); do
   for s in before generated plain; do
     psql -d "$db" -q -f "$tmp/setup.sql"
     sleep 1
-    start=$(psql -d "$db" -Atc "SELECT pg_current_wal_lsn()")
-    cpu0=$(busy)
-    out=$(pgbench -n -M prepared -c "$clients" -j 1 -T "$secs" -f "$tmp/$s.sql" "$db" 2>/dev/null)
-    cpu1=$(busy)
-    n=$(sed -n 's/^number of transactions actually processed: //p' <<<"$out")
-    runs=$((n * 32))
-    wal=$(psql -d "$db" -Atc "SELECT round(pg_wal_lsn_diff(pg_current_wal_lsn(), '$start') / $runs)")
-    ticks=$(getconf CLK_TCK)
-    echo "round $round: $s: $((runs / secs)) runs/s, $(((cpu1 - cpu0) * 1000000 / ticks / runs)) ms CPU per 1,000 runs," \
-         "$wal WAL bytes per run"
+    claim_rounds "$db" "round $round: $s" "$tmp/$s.sql" "$secs" "$clients"
   done
 done
 rm -r "$tmp"

@@ -94,24 +94,11 @@ round_script runs_narrow "DELETE FROM public.due_narrow WHERE run_id IN (
          SELECT run_id FROM public.due_narrow WHERE run_at <= now()
           ORDER BY priority DESC, run_at LIMIT 32 FOR UPDATE SKIP LOCKED)
      RETURNING run_id AS id" >"$tmp/narrow.sql"
-busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 for round in $(seq 1 "$rounds"); do
   for s in today narrow hot; do
     psql -d "$db" -q -f "$tmp/setup.sql"
     sleep 1
-    start=$(psql -d "$db" -Atc "SELECT pg_current_wal_lsn()")
-    cpu0=$(busy)
-    out=$(pgbench -n -M prepared -c "$clients" -j 1 -T "$secs" -f "$tmp/$s.sql" "$db" 2>/dev/null)
-    cpu1=$(busy)
-    n=$(sed -n 's/^number of transactions actually processed: //p' <<<"$out")
-    runs=$((n * 32))
-    wal=$(psql -d "$db" -Atc "SELECT round(pg_wal_lsn_diff(pg_current_wal_lsn(), '$start') / $runs)")
-    sleep 1.5 # the backends' table statistics reach the cumulative view
-    hot=$(psql -d "$db" -Atc "SELECT round(100.0 * n_tup_hot_upd / greatest(n_tup_upd, 1))
-                                FROM pg_stat_user_tables WHERE relname = 'runs_$s'")
-    ticks=$(getconf CLK_TCK)
-    echo "round $round: $s: $((runs / secs)) runs/s, $(((cpu1 - cpu0) * 1000000 / ticks / runs)) ms CPU per 1,000 runs," \
-         "$wal WAL bytes per run, $hot% of updates HOT"
+    claim_rounds "$db" "round $round: $s" "$tmp/$s.sql" "$secs" "$clients" "runs_$s"
   done
 done
 rm -r "$tmp"

@@ -27,3 +27,28 @@ fast_claim_sql() {
       "$1" crates/durastep/src/store/sql/run_records.sql | grep -v '^ *--' | tr '\n' ' '
   echo ";"
 }
+
+# Runs the pgbench script $3 (each transaction one claim of 32 runs and their
+# completion) on the database $1 for $4 seconds from $5 clients, and prints
+# one line for the variant $2: runs/s, the machine's busy CPU per 1,000 runs
+# (all processes, pgbench included) and WAL bytes per run. With $6 (a table
+# name), also the share of that table's updates that were HOT.
+claim_rounds() {
+  local db=$1 name=$2 script=$3 secs=$4 clients=$5 table=${6:-}
+  local start cpu0 cpu1 out n runs wal hot=""
+  busy() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+  start=$(psql -d "$db" -Atc "SELECT pg_current_wal_lsn()")
+  cpu0=$(busy)
+  out=$(pgbench -n -M prepared -c "$clients" -j 1 -T "$secs" -f "$script" "$db" 2>/dev/null)
+  cpu1=$(busy)
+  n=$(sed -n 's/^number of transactions actually processed: //p' <<<"$out")
+  runs=$((n * 32))
+  wal=$(psql -d "$db" -Atc "SELECT round(pg_wal_lsn_diff(pg_current_wal_lsn(), '$start') / $runs)")
+  if [ -n "$table" ]; then
+    sleep 1.5 # the backends' table statistics reach the cumulative view
+    hot=", $(psql -d "$db" -Atc "SELECT round(100.0 * n_tup_hot_upd / greatest(n_tup_upd, 1))
+                                   FROM pg_stat_user_tables WHERE relname = '$table'")% of updates HOT"
+  fi
+  echo "$name: $((runs / secs)) runs/s, $(((cpu1 - cpu0) * 1000000 / $(getconf CLK_TCK) / runs)) ms CPU per 1,000 runs," \
+       "$wal WAL bytes per run$hot"
+}

@@ -578,8 +578,23 @@ async fn prune_finds_old_runs_under_any_clock_and_with_random_ids(_p: PgPoolOpti
     w.stop().await;
 
     assert_eq!(engine.inspect().prunable(Duration::from_secs(86_400)).await.unwrap(), 50);
+    // A batch goes on after its pass's cursor (`after`): the time-ordered
+    // runs up to it are left for the next pass, and it says where it stopped.
+    let mut ordered = old.clone();
+    ordered.sort();
+    let (pruned, last_run): (i64, Uuid) =
+        sqlx::query_as("SELECT pruned_runs, last_run FROM durastep.prune_batch(86400, 5, $1)")
+            .bind(ordered[9])
+            .fetch_one(engine.pool())
+            .await
+            .unwrap();
+    assert_eq!(last_run, ordered[14], "five after the cursor");
+    assert_eq!(pruned, 5 + 5, "five time-ordered runs and a batch of the random-id ones");
+    for id in &ordered[..10] {
+        assert!(engine.run(*id).await.is_ok(), "a run before the cursor was pruned");
+    }
     let report = engine.prune(Duration::from_secs(86_400)).await.unwrap();
-    assert_eq!(report.runs, 50, "{report:?}");
+    assert_eq!(report.runs, 40, "{report:?}");
     let mut left: Vec<Uuid> =
         sqlx::query_scalar("SELECT id FROM durastep.runs").fetch_all(engine.pool()).await.unwrap();
     left.sort();
@@ -587,6 +602,43 @@ async fn prune_finds_old_runs_under_any_clock_and_with_random_ids(_p: PgPoolOpti
     kept.sort();
     assert_eq!(left, kept);
     assert_eq!(engine.inspect().prunable(Duration::from_secs(86_400)).await.unwrap(), 0);
+}
+
+/// Catches: per-minute counts of finished runs that miss completions or
+/// failures, or count only a run's last finish (since migration 0033 they
+/// are read from the run history, where a run replayed and finished again
+/// has both finishes).
+#[sqlx::test(migrations = false)]
+async fn per_minute_counts_every_finish(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let tries = Arc::new(AtomicU32::new(0));
+    let t = tries.clone();
+    let done = Function::new("done").on_event("done/go").handler(|_: Ctx, _: Value| async move { Ok(()) });
+    let flaky = Function::new("flaky").on_event("flaky/go").handler(move |_: Ctx, _: Value| {
+        let t = t.clone();
+        async move {
+            if bump(&t) == 1 {
+                return Err(HandlerError::permanent("first try refused"));
+            }
+            Ok(())
+        }
+    });
+    let engine = common::engine(&opts, vec![done, flaky]).await;
+    let done_ids = engine.send_batch((0..4).map(|i| Event::new("done/go", &json!({"i": i}))).collect()).await.unwrap();
+    let flaky_id = engine.send(Event::new("flaky/go", &json!({}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    for r in &done_ids {
+        common::finished(&engine, r.run_ids[0]).await;
+    }
+    assert_eq!(common::finished(&engine, flaky_id).await.state, RunState::Failed);
+    engine.replay(flaky_id, ReplayFrom::Start).await.unwrap();
+    common::wait_for_run_where(&engine, flaky_id, "completed", |r| r.state == RunState::Completed).await;
+    w.stop().await;
+    let minutes = engine.inspect().per_minute(Duration::from_secs(3600)).await.unwrap();
+    let sum = |f: fn(&durastep::inspect::MinuteCount) -> i64| minutes.iter().map(f).sum::<i64>();
+    assert_eq!((sum(|m| m.created), sum(|m| m.completed), sum(|m| m.failed)), (5, 5, 1), "{minutes:?}");
+    // Finishes older than the window are not counted.
+    durastep::testing::advance_clock(&engine, Duration::from_secs(2 * 3600)).await.unwrap();
+    assert_eq!(engine.inspect().per_minute(Duration::from_secs(3600)).await.unwrap(), vec![]);
 }
 
 /// Catches: a worker with `retention` that never prunes (or prunes recent runs).

@@ -618,13 +618,17 @@ mod tests {
     use super::*;
 
     /// The legacy listing's condition is `runs_created_legacy`'s predicate as
-    /// migration 0031 writes it: the planner uses the index only for the same text.
+    /// migration 0031 writes it, and pruning's (0033) the same: the planner
+    /// uses the index only for the same text.
     #[test]
     fn the_legacy_condition_is_the_index_predicate() {
         let migration = include_str!("../../../../migrations/0031_runs_listed_by_id.sql");
         let condition = legacy!().replace("r.id", "id");
         let bare = condition.strip_prefix('(').and_then(|c| c.strip_suffix(')')).expect("parenthesized");
         assert!(migration.contains(&format!("WHERE {bare};")), "{bare}");
+        // Pruning's walk of the same runs (migration 0033) repeats it too.
+        let pruning = include_str!("../../../../migrations/0033_completions_write_no_pruning_entry.sql");
+        assert!(pruning.contains(concat!("WHERE ", legacy!())), "prune_batch's legacy branch");
         // And the time-ordered one is its complement, on the same constant.
         assert!(time_ordered!().contains("= 7 AND r.id < '03bb2cc3-d800-0000-0000-000000000000'"));
         assert_eq!(FIRST_ID_OF_2100.to_string(), "03bb2cc3-d800-0000-0000-000000000000");
