@@ -96,8 +96,11 @@ impl Ids {
 
 /// The states whose runs `runs_listed_by_state` holds: the generated column
 /// `listed_state` of migration 0032 is the state for these and NULL for the
-/// others (queued and running runs are few and found by their own indexes;
-/// completed ones are the bulk of the table, walked by id).
+/// others: a queued or running run leaves or enters its state on every
+/// claim and completion, which would then change the column and keep them
+/// off HOT, so a listing of queued or running runs filters the walk of the
+/// primary key (as before migration 0032); completed runs are the bulk of
+/// the table, walked by id.
 const LISTED_STATES: [&str; 6] = ["sleeping", "waiting", "failed", "cancelled", "skipped", "diverged"];
 
 /// The filter, for the runs of one kind of id. On time-ordered ids a
