@@ -113,13 +113,11 @@ fn push_run_filter(b: &mut QueryBuilder<Postgres>, q: &RunQuery<'_>, ids: Ids) {
         b.push(" AND r.function_id = ").push_bind(f);
     }
     if !q.states.is_empty() {
-        b.push(" AND r.state = ANY (").push_bind(q.states.to_vec()).push(")");
-        // Only states listed by state (and so named by `r.listed_state`)
-        // are found through `runs_listed_by_state`, whose key is that
-        // column; the others are filtered on the walk of the primary key.
-        if q.states.iter().all(|s| LISTED_STATES.contains(s)) {
-            b.push(" AND r.listed_state = ANY (").push_bind(q.states.to_vec()).push(")");
-        }
+        // States listed by state are `r.listed_state`, the key of
+        // `runs_listed_by_state`; the others are filtered on the walk of the
+        // primary key.
+        let column = if q.states.iter().all(|s| LISTED_STATES.contains(s)) { "listed_state" } else { "state" };
+        b.push(" AND r.").push(column).push(" = ANY (").push_bind(q.states.to_vec()).push(")");
     }
     if let Some(t) = q.created_after {
         b.push(" AND r.created_at >= ").push_bind(t);
