@@ -152,6 +152,7 @@ macro_rules! failpoint_fires {
 pub(crate) use failpoint_fires;
 
 mod checkpoint;
+mod claim_records;
 mod codec;
 mod ctx;
 mod deploy;

@@ -19,6 +19,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::checkpoint::{Writer, WriterConfig};
+use crate::claim_records::{self, ClaimTally, EndedClaims};
 use crate::ctx::{Ctx, CtxParts, Signal};
 use crate::error::{Error, from_sqlx};
 use crate::failure::{HandlerError, HandlerResult};
@@ -80,6 +81,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         let waiting_lost = Arc::new(Notify::new());
         let stop_background = CancellationToken::new();
         let stop_writers = CancellationToken::new();
+        // Claim records whose attempts have all ended here, deleted in batches.
+        let ended_claims = Arc::new(EndedClaims::default());
         let (writer, writer_tasks) = Writer::spawn(
             engine.pool.clone(),
             stop_writers.clone(),
@@ -110,6 +113,11 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             )));
         }
         background.push(tokio::spawn(cron_loop(engine.clone(), stop_background.clone())));
+        background.push(tokio::spawn(claim_records::sweep_loop(
+            engine.control_pool.clone(),
+            ended_claims.clone(),
+            stop_background.clone(),
+        )));
         if let Some(retention) = opts.retention {
             background.push(spawn_supervised("pruner", {
                 let (engine, stop) = (engine.clone(), stop_background.clone());
@@ -311,8 +319,11 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                                 failures = 0;
                                 last_full[class(done.fast)] = claimed.len() >= done.cap;
                                 class_found += i64::try_from(claimed.len()).unwrap_or(i64::MAX) + moved;
+                                let tallies = claim_records::tallies(&claimed, &ended_claims);
                                 for run in claimed {
+                                    let tally = run.claim.and_then(|c| tallies.get(&c).cloned());
                                     let r = hold(&held, &waiting_lost, run, done.sent, done.received, done.fast);
+                                    let r = Ready { tally, ..r };
                                     enqueue(&mut ready, r);
                                 }
                             }
@@ -385,7 +396,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         handed.close();
         while let Ok(h) = handed.try_recv() {
             let (lost, ending) = (CancellationToken::new(), Arc::default());
-            ready.push_back(Ready { run: h.run, lost, ending, received: h.received, fast: true });
+            ready.push_back(Ready { run: h.run, lost, ending, received: h.received, fast: true, tally: None });
         }
         // No more claims; a claim in flight is awaited, so that its runs are
         // given back with those claimed ahead.
@@ -397,7 +408,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             if let ClaimDone { result: Ok((claimed, _)), received, .. } = done {
                 for run in claimed {
                     let (lost, ending) = (CancellationToken::new(), Arc::default());
-                    ready.push_back(Ready { run, lost, ending, received, fast: true });
+                    ready.push_back(Ready { run, lost, ending, received, fast: true, tally: None });
                 }
             }
         }
@@ -540,6 +551,8 @@ struct Ready {
     received: Instant,
     /// Claimed by the fast claim (no claim-time flow rules).
     fast: bool,
+    /// The record of the claim that started it, counted down once its end is stored.
+    tally: Option<Arc<ClaimTally>>,
 }
 
 /// A claimed run held by this worker from now (its lease kept by the
@@ -563,7 +576,7 @@ fn hold(
         ending: ending.clone(),
     };
     lock(held).insert(run.id, h);
-    Ready { run, lost, ending, received, fast }
+    Ready { run, lost, ending, received, fast, tally: None }
 }
 
 /// Queues a claimed run to start. A flow-limited run holds its concurrency
@@ -690,7 +703,7 @@ async fn diverged(engine: &EngineInner, run: &RunRef, d: crate::journal::Diverge
 
 /// Executes one attempt of a claimed run and writes how it ended.
 async fn execute(engine: &EngineInner, ready: Ready, writer: Writer, mut slot: Slot) {
-    let Ready { run, lost, ending: end_written, received, .. } = ready;
+    let Ready { run, lost, ending: end_written, received, tally, .. } = ready;
     if lost.is_cancelled() {
         // Lost or cancelled before it started (it waited for a slot): no user
         // code runs; a cancelled run's slots are given back now.
@@ -864,6 +877,9 @@ async fn execute(engine: &EngineInner, ready: Ready, writer: Writer, mut slot: S
         if !ended {
             // A run cancelled under this attempt holds its slots until now.
             end_cancelled(engine, &this).await;
+        } else if let Some(t) = &tally {
+            // Stored: this attempt no longer needs its claim's record.
+            t.end();
         }
     }
     .instrument(span)

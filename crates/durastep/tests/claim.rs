@@ -293,3 +293,138 @@ async fn a_run_of_the_fast_claim_does_not_wait_for_the_full_claim(_p: PgPoolOpti
     assert_eq!(common::finished(&engine, after).await.state, RunState::Completed);
     w.stop().await;
 }
+
+/// The claim records (`durastep.run_claims`, migration 0034): how many
+/// (run, epoch) pairs they list whose run is running under that epoch, and
+/// how many records there are.
+async fn claim_records(engine: &durastep::Engine) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM durastep.run_claims c
+                   CROSS JOIN LATERAL unnest(c.run_ids, c.epochs) AS u(run_id, epoch)
+                   JOIN durastep.runs r ON r.id = u.run_id AND r.lease_epoch = u.epoch AND r.state = 'running'),
+                (SELECT count(*) FROM durastep.run_claims)",
+    )
+    .fetch_one(engine.pool())
+    .await
+    .expect("claim records")
+}
+
+/// Catches: a claim that starts runs without listing them in a claim record
+/// (the reaper would never find their leases once their worker died), and a
+/// worker that leaves the records of finished claims behind (each would stay
+/// until its first lease passed, and every read of the running runs would
+/// walk it). The handlers wait on a gate, so all 40 runs are running at once;
+/// then they finish, and the worker deletes the records itself: its lease
+/// (60 s) and reaper (10 min) are too long for the reaper to have done it.
+#[sqlx::test(migrations = false)]
+async fn claims_list_their_runs_and_the_worker_deletes_their_records(_p: PgPoolOptions, opts: PgConnectOptions) {
+    const RUNS: i64 = 40;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    let f = Function::new("gated").on_event("gated/go").handler(move |_ctx: Ctx, _: u32| {
+        let g = g.clone();
+        async move {
+            let _pass = g.acquire().await.expect("gate");
+            Ok(())
+        }
+    });
+    let options = durastep::WorkerOptions {
+        max_in_flight: RUNS as usize,
+        claim_batch: 16,
+        lease: common::LONG_LEASE,
+        reap_interval: Duration::from_secs(600),
+        ..common::fast_options()
+    };
+    let engine = common::engine_with(&opts, vec![f], options).await;
+    let events = (0..RUNS as u32).map(|n| Event::new("gated/go", &n)).collect();
+    let receipts = engine.send_batch(events).await.expect("send");
+    let w = common::spawn_worker(&engine);
+    common::wait_until("every run running", || {
+        let engine = engine.clone();
+        async move { common::count(&engine, "durastep.runs WHERE state = 'running'").await == RUNS }
+    })
+    .await;
+    let (listed, records) = claim_records(&engine).await;
+    assert_eq!(listed, RUNS, "running runs listed in claim records");
+    assert!(records >= 3, "{records} records for claims of at most 16 runs");
+    gate.add_permits(RUNS as usize);
+    for r in &receipts {
+        assert_eq!(common::finished(&engine, r.run_ids[0]).await.state, RunState::Completed);
+    }
+    common::wait_until("the worker to delete the claim records", || {
+        let engine = engine.clone();
+        async move { claim_records(&engine).await == (0, 0) }
+    })
+    .await;
+    w.stop().await;
+}
+
+/// Catches: a reaper that misses a lapsed lease listed in a claim record,
+/// deletes a record that still lists a running run, or keeps records of
+/// finished runs. Three records, all due for a look: A lists a completed run
+/// and a running run with an hour of lease left; B a running run whose lease
+/// has lapsed; C only the completed run. One pass takes B's run back, deletes
+/// C, and cuts A down to its running run, to be looked at when that lease can
+/// lapse; the next pass deletes B, whose run is no longer running under the
+/// epoch it lists.
+#[sqlx::test(migrations = false)]
+async fn the_reaper_reads_and_tidies_the_claim_records(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let f = Function::new("idle").on_event("idle/go").handler(|_ctx: Ctx, _: u32| async move { Ok(()) });
+    let engine = common::engine(&opts, vec![f]).await;
+    let ids: Vec<uuid::Uuid> = engine
+        .send_batch((0..3u32).map(|n| Event::new("idle/go", &n)).collect())
+        .await
+        .expect("send")
+        .into_iter()
+        .map(|r| r.run_ids[0])
+        .collect();
+    let (done, live, lapsed) = (ids[0], ids[1], ids[2]);
+    sqlx::query(
+        "UPDATE durastep.runs
+            SET state = CASE WHEN id = $1 THEN 'completed' ELSE 'running' END,
+                finished_at = CASE WHEN id = $1 THEN durastep.now() END,
+                lease_epoch = 7, worker_id = CASE WHEN id <> $1 THEN gen_random_uuid() END,
+                started_at = durastep.now(),
+                lease_expires_at = CASE WHEN id = $2 THEN durastep.now() + interval '1 hour'
+                                        WHEN id = $3 THEN durastep.now() - interval '1 second' END
+          WHERE id = ANY (ARRAY[$1, $2, $3])",
+    )
+    .bind(done)
+    .bind(live)
+    .bind(lapsed)
+    .execute(engine.pool())
+    .await
+    .expect("run states");
+    sqlx::query(
+        "INSERT INTO durastep.run_claims (recheck_at, run_ids, epochs) VALUES
+             (durastep.now() - interval '1 minute', ARRAY[$1, $2]::uuid[], ARRAY[7, 7]),
+             (durastep.now() - interval '1 minute', ARRAY[$3]::uuid[], ARRAY[7]),
+             (durastep.now() - interval '1 minute', ARRAY[$1]::uuid[], ARRAY[7])",
+    )
+    .bind(done)
+    .bind(live)
+    .bind(lapsed)
+    .execute(engine.pool())
+    .await
+    .expect("claim records");
+    assert_eq!(engine.reap_expired_leases().await.unwrap(), 1, "the lapsed lease taken back");
+    assert_eq!(engine.run(lapsed).await.unwrap().state, RunState::Queued);
+    assert_eq!(engine.run(live).await.unwrap().state, RunState::Running);
+    let records = |pool: sqlx::PgPool| async move {
+        sqlx::query_as::<_, (Vec<uuid::Uuid>, bool)>(
+            "SELECT c.run_ids, coalesce(c.recheck_at = r.lease_expires_at, false)
+               FROM durastep.run_claims c LEFT JOIN durastep.runs r ON r.id = c.run_ids[1]
+              ORDER BY c.id",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("records")
+    };
+    assert_eq!(
+        records(engine.pool().clone()).await,
+        vec![(vec![live], true), (vec![lapsed], false)],
+        "A cut down to its running run, looked at when its lease can lapse; B kept; C deleted"
+    );
+    assert_eq!(engine.reap_expired_leases().await.unwrap(), 0);
+    assert_eq!(records(engine.pool().clone()).await, vec![(vec![live], true)], "B deleted");
+}

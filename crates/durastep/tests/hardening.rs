@@ -413,13 +413,16 @@ async fn two_joined_waits_both_get_their_events(_p: PgPoolOptions, opts: PgConne
 }
 
 /// Simulates a worker lost after its claim committed: the run is `running`
-/// under a new epoch with a lease already expired; then the reaper runs.
+/// under a new epoch with a lease already expired, listed in a claim record
+/// as a claim lists it; then the reaper runs.
 async fn lose_lease(engine: &Engine, id: Uuid) {
     sqlx::query(
-        "UPDATE durastep.runs SET state = 'running', lease_epoch = lease_epoch + 1, worker_id = gen_random_uuid(),
-                started_at = coalesce(started_at, durastep.now()),
-                lease_expires_at = durastep.now() - interval '1 second'
-          WHERE id = $1",
+        "WITH c AS (UPDATE durastep.runs SET state = 'running', lease_epoch = lease_epoch + 1,
+                           worker_id = gen_random_uuid(), started_at = coalesce(started_at, durastep.now()),
+                           lease_expires_at = durastep.now() - interval '1 second'
+                     WHERE id = $1 RETURNING id, lease_epoch, lease_expires_at)
+         INSERT INTO durastep.run_claims (recheck_at, run_ids, epochs)
+         SELECT lease_expires_at, ARRAY[id], ARRAY[lease_epoch] FROM c",
     )
     .bind(id)
     .execute(engine.pool())

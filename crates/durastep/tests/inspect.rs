@@ -921,6 +921,10 @@ async fn counts_are_estimated_from_statistics_on_large_tables(_p: PgPoolOptions,
                        'diverged'])[1 + i % 8], durastep.now(), 1, 3,
                 durastep.now(), CASE WHEN i % 8 < 3 THEN durastep.now() END
            FROM generate_series(1, $1::bigint) i",
+        // The running ones in a claim record, as a claim lists the runs it starts.
+        "INSERT INTO durastep.run_claims (recheck_at, run_ids, epochs)
+         SELECT durastep.now() + interval '1 hour', array_agg(id), array_agg(lease_epoch)
+           FROM durastep.runs WHERE state = 'running' AND $1::bigint > 0",
     ] {
         sqlx::query(sqlx::AssertSqlSafe(sql)).bind(n).execute(engine.pool()).await.expect(sql);
     }

@@ -175,20 +175,21 @@ async fn runs_has_no_full_index_beyond_its_keys(pool: PgPool) {
     assert!(!minted, "a time-ordered id enters runs_created_legacy: {predicate}");
 }
 
-/// The indexes of `durastep.runs` that a plain run's claim and completion
-/// still change (they enter or leave the due queue, the running runs, the
-/// finished runs): every other index must leave both updates HOT-eligible.
-const CHANGED_BY_CLAIMS: [&str; 3] = ["runs_due", "runs_next_due", "runs_running"];
+/// The indexes of `durastep.runs` that a plain run's claim still changes
+/// (it leaves the due queue): every other index must leave claims and
+/// completions HOT-eligible. (`runs_running`, which every claim entered and
+/// every completion left, is gone since migration 0034.)
+const CHANGED_BY_CLAIMS: [&str; 2] = ["runs_due", "runs_next_due"];
 
-/// Catches: an index of `durastep.runs` beyond the three above that names a
+/// Catches: an index of `durastep.runs` beyond the two above that names a
 /// column a claim or a completion of a plain run changes (`state`,
 /// `started_at`, `worker_id`, `finished_at`, ...), in its key or its
 /// predicate. Postgres keeps an update HOT (no index entry written) only
 /// when no indexed column changes, so such an index keeps every claim and
 /// completion writing an entry into every index; migration 0032 moved eight
 /// of them onto generated columns that a plain run's updates leave NULL, and
-/// 0033 dropped `runs_finished`, which every completion entered. The test
-/// drops the three that change by nature, drains runs with the real
+/// 0033 dropped `runs_finished`, which every completion entered, and 0034
+/// `runs_running`. The test drops the two that change by nature, drains runs with the real
 /// worker, and reads the table's HOT count: with any other blocking index it
 /// is zero.
 #[sqlx::test(migrations = false)]

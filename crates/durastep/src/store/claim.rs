@@ -65,6 +65,10 @@ pub(crate) struct ClaimedRun {
     pub db_now: DateTime<Utc>,
     /// Where it stood in the due queue when claimed.
     pub place: QueuePlace,
+    /// The claim record (`run_claims`) that lists this attempt, for the
+    /// worker to delete once every attempt in it has ended (None: a run a
+    /// handing send inserted running, whose record the reaper deletes).
+    pub claim: Option<i64>,
 }
 
 /// Where a run stands in the due queue: claims take runs by priority (highest
@@ -236,8 +240,8 @@ pub(super) fn claimed_runs(
         let Some(id) = row.try_get::<Option<Uuid>, _>("id")? else {
             continue;
         };
-        let (steps, journal) = match records {
-            Records::Stored => records_of(&row)?,
+        let ((steps, journal), claim) = match records {
+            Records::Stored => (records_of(&row)?, row.try_get("claim")?),
             Records::New => Default::default(),
         };
         claimed.push(ClaimedRun {
@@ -255,6 +259,7 @@ pub(super) fn claimed_runs(
                 .zip(row.try_get::<Option<String>, _>("parent_step_key")?),
             db_now: row.try_get("db_now")?,
             place: QueuePlace { priority: row.try_get("priority")?, run_at: row.try_get("run_at")? },
+            claim,
         });
     }
     Ok((claimed, moved))

@@ -382,17 +382,23 @@ pub(crate) async fn runs_row_estimate(pool: &PgPool) -> Result<i64, sqlx::Error>
 }
 
 /// Exact counts of the unfinished states only (through the partial indexes
-/// `runs_due`, `runs_running` and `runs_diverged`: bounded by the work in
-/// flight, however many finished runs the table keeps).
+/// `runs_due` and `runs_diverged`, and the claim records for the running
+/// runs: bounded by the work in flight, however many finished runs the
+/// table keeps).
 pub(crate) async fn unfinished_counts(pool: &PgPool) -> Result<Vec<(String, RunState, i64)>, sqlx::Error> {
     sqlx::query_as(
-        // One branch per partial index, whose predicate each branch repeats:
-        // a single `state IN (...)` over all five is a seq scan of the table.
-        "SELECT function_id, state, count(*) FROM (
+        // One branch per partial index, whose predicate each branch repeats
+        // (a single `state IN (...)` over all five is a seq scan of the
+        // table), and the running runs through their claims' records.
+        concat!(
+            "SELECT function_id, state, count(*) FROM (
              SELECT function_id, state FROM durastep.runs WHERE state IN ('queued', 'sleeping', 'waiting')
-             UNION ALL SELECT function_id, state FROM durastep.runs WHERE state = 'running'
+             UNION ALL SELECT r.function_id, r.state FROM ",
+            running_runs!(),
+            "
              UNION ALL SELECT function_id, state FROM durastep.runs WHERE listed_state = 'diverged') u
-          GROUP BY 1, 2 ORDER BY 1, 2",
+          GROUP BY 1, 2 ORDER BY 1, 2"
+        ),
     )
     .fetch_all(pool)
     .await
@@ -569,8 +575,10 @@ pub(crate) async fn unfinished_runs(
                    SELECT u.id FROM (
                        SELECT id FROM durastep.runs
                         WHERE state IN ('queued', 'sleeping', 'waiting') AND function_id = ANY ($1) AND id > $2
-                       UNION ALL SELECT id FROM durastep.runs
-                        WHERE state = 'running' AND function_id = ANY ($1) AND id > $2
+                       UNION ALL SELECT r.id FROM ",
+        running_runs!(),
+        "
+                          AND r.function_id = ANY ($1) AND r.id > $2
                        UNION ALL SELECT id FROM durastep.runs
                         WHERE listed_state = 'diverged' AND function_id = ANY ($1) AND id > $2) u
                     ORDER BY u.id LIMIT $3) page

@@ -39,16 +39,36 @@ pub(crate) async fn extend_leases(
     .await
 }
 
-/// Runs whose lease has expired: candidates for the reaper.
+/// Runs whose lease has expired: candidates for the reaper, found through
+/// the claim records whose leases could have lapsed (`run_claims`, migration
+/// 0034; `sql/find_expired_leases.sql`). Tidies each record it reads: a
+/// record with no run still running under its epoch is deleted, the others
+/// keep only those runs and are looked at again when their first lease can
+/// lapse.
 pub(crate) async fn find_expired_leases(pool: &PgPool, limit: i64) -> Result<Vec<(Uuid, i64)>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT id, lease_epoch FROM durastep.runs
-          WHERE state = 'running' AND lease_expires_at < durastep.now()
-          ORDER BY lease_expires_at LIMIT $1",
+    sqlx::query_as(include_str!("sql/find_expired_leases.sql")).bind(limit).bind(CLAIMS_PER_PASS).fetch_all(pool).await
+}
+
+/// How many claim records one reaper pass reads at most.
+const CLAIMS_PER_PASS: i64 = 1000;
+
+/// Deletes the claim records `claims` of which no run is still running under
+/// the epoch the claim gave it: the worker calls it once it has stored the
+/// end of every attempt a claim started. A record with a run still running
+/// (an end that was not stored, a run claimed by this worker twice) is kept
+/// for the reaper. Returns how many were deleted.
+pub(crate) async fn drop_claims(pool: &PgPool, claims: &[i64]) -> Result<u64, sqlx::Error> {
+    let r = sqlx::query(
+        "DELETE FROM durastep.run_claims c
+          WHERE c.id = ANY ($1)
+            AND NOT EXISTS (SELECT 1 FROM unnest(c.run_ids, c.epochs) AS u(run_id, epoch)
+                              JOIN durastep.runs r ON r.id = u.run_id AND r.lease_epoch = u.epoch
+                             WHERE r.state = 'running')",
     )
-    .bind(limit)
-    .fetch_all(pool)
-    .await
+    .bind(claims)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected())
 }
 
 /// Takes expired runs back, as a compare-and-set on (id, epoch, running, expired):

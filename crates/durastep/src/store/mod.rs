@@ -23,6 +23,19 @@ use uuid::Uuid;
 
 use crate::journal::{EntryKind, JournalEntry};
 
+/// The running runs, as `r` (the text after `FROM`, ending in a `WHERE`
+/// its caller may extend with `AND`): the runs of the claim records
+/// (`run_claims`, migration 0034) still running under the epoch their
+/// claim gave them. A run is in one record per claim, and a claim sets a new
+/// epoch, so each running run is here once.
+macro_rules! running_runs {
+    () => {
+        "durastep.run_claims rc CROSS JOIN LATERAL unnest(rc.run_ids, rc.epochs) AS rcu(run_id, epoch)
+                 JOIN durastep.runs r ON r.id = rcu.run_id AND r.lease_epoch = rcu.epoch
+                WHERE r.state = 'running'"
+    };
+}
+
 /// The runs a listing (and pruning) walks the primary key for: version-7 ids below
 /// `03bb2cc3-d800-0000-0000-000000000000`, the first time-ordered id of 2100
 /// (`durastep.uuid7_floor('2100-01-01 00:00:00+00')`; migration 0031 says

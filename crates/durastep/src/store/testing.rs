@@ -70,10 +70,12 @@ pub(crate) async fn start_run(pool: &PgPool, id: Uuid, function_id: &str, input:
 /// Runs that are running or due now (the test kit's idleness check).
 #[cfg(feature = "testing")]
 pub(crate) async fn busy_runs(pool: &PgPool) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM durastep.runs
-          WHERE state = 'running' OR (state IN ('queued', 'sleeping') AND run_at <= durastep.now())",
-    )
+    sqlx::query_scalar(concat!(
+        "SELECT (SELECT count(*) FROM ",
+        running_runs!(),
+        ") + (SELECT count(*) FROM durastep.runs
+                  WHERE state IN ('queued', 'sleeping') AND run_at <= durastep.now())"
+    ))
     .fetch_one(pool)
     .await
 }

@@ -193,7 +193,13 @@ claimed AS (
       FROM admit, durastep.events e
      WHERE r.id = admit.id AND e.id = r.event_id
     RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch, e.payload,
-              r.parent_run_id, r.parent_step_key, durastep.now() AS db_now, r.priority, r.run_at),
+              r.parent_run_id, r.parent_step_key, durastep.now() AS db_now, r.priority, r.run_at, r.lease_expires_at),
+-- Their claim record, for the reaper: one row for the whole claim
+-- (migration 0034; a running run is found through it, not an index of `runs`).
+claim AS (
+    INSERT INTO durastep.run_claims (recheck_at, run_ids, epochs)
+    SELECT min(c.lease_expires_at), array_agg(c.id), array_agg(c.lease_epoch) FROM claimed c HAVING count(*) > 0
+    RETURNING id),
 -- Their history rows, written here: the `runs_history` trigger stays quiet for
 -- rows whose `history_noted` flipped (migration 0020).
 claimed_history AS (
@@ -228,7 +234,7 @@ woken AS (
 -- are joined by run_records.sql, which the code appends.
 SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, c.lease_epoch, c.payload, c.db_now,
        st.step_keys, st.step_outputs, st.step_positions, st.step_kinds, jr.journal_positions, jr.journal_kinds, jr.journal_keys,
-       c.parent_run_id, c.parent_step_key, c.priority, c.run_at,
+       c.parent_run_id, c.parent_step_key, c.priority, c.run_at, (SELECT k.id FROM claim k) AS claim,
        (SELECT count(*) FROM parked) + (SELECT count(*) FROM skipped) + (SELECT count(*) FROM woken)
          + (SELECT count(*) FROM expired) AS moved
   FROM (SELECT 1) AS one LEFT JOIN claimed c ON true

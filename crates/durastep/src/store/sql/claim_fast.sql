@@ -102,7 +102,13 @@ claimed AS (
             ) b WHERE (SELECT count(*) FROM due) > (SELECT p.n FROM p)                    -- few
             ))
     RETURNING r.id, r.function_id, r.version, r.event_id, r.attempt, r.lease_epoch, r.parent_run_id, r.parent_step_key,
-              r.priority, r.run_at),
+              r.priority, r.run_at, r.lease_expires_at),
+-- Their claim record, for the reaper: one row for the whole claim
+-- (migration 0034; a running run is found through it, not an index of `runs`).
+claim AS (
+    INSERT INTO durastep.run_claims (recheck_at, run_ids, epochs)
+    SELECT min(c.lease_expires_at), array_agg(c.id), array_agg(c.lease_epoch) FROM claimed c HAVING count(*) > 0
+    RETURNING id),
 -- Their history rows.
 h AS (
     INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
@@ -113,5 +119,5 @@ SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, c.lease_epoch,
           (SELECT e.payload FROM durastep.events e WHERE e.id = c.event_id) AS payload,
           c.parent_run_id, c.parent_step_key, (SELECT now FROM t) AS db_now, c.priority, c.run_at,
           st.step_keys, st.step_outputs, st.step_positions, st.step_kinds, jr.journal_positions, jr.journal_kinds, jr.journal_keys,
-          0::bigint AS moved
+          (SELECT k.id FROM claim k) AS claim, 0::bigint AS moved
   FROM claimed c

@@ -1,0 +1,97 @@
+//! The worker's part in keeping the claim records (`durastep.run_claims`,
+//! migration 0034) small: each claim statement writes one record of the
+//! attempts it started, which is how the reaper finds a lapsed lease. The
+//! worker counts down, per record, the attempts whose end it has stored, and
+//! deletes a record once all have ended, in small batches off the hot path.
+//! What it misses (an end that was not stored, a run given back, a worker
+//! that died) the reaper deletes when the record's first lease has passed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{self, ClaimedRun};
+
+/// The records whose attempts have all ended here, to delete.
+#[derive(Default)]
+pub(crate) struct EndedClaims {
+    ids: Mutex<Vec<i64>>,
+    notify: Notify,
+}
+
+impl EndedClaims {
+    fn push(&self, id: i64) {
+        self.ids.lock().unwrap_or_else(|p| p.into_inner()).push(id);
+        self.notify.notify_one();
+    }
+
+    fn take(&self) -> Vec<i64> {
+        std::mem::take(&mut *self.ids.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// One claim record, shared by the attempts it started: how many of them
+/// have not yet stored their end.
+pub(crate) struct ClaimTally {
+    id: i64,
+    left: AtomicUsize,
+    ended: Arc<EndedClaims>,
+}
+
+impl ClaimTally {
+    /// One attempt of this claim has stored its end; the last one queues the
+    /// record for deletion.
+    pub(crate) fn end(&self) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.ended.push(self.id);
+        }
+    }
+}
+
+/// The tallies of the records of `claimed` (the runs of one claim
+/// statement), keyed by record id.
+pub(crate) fn tallies(claimed: &[ClaimedRun], ended: &Arc<EndedClaims>) -> HashMap<i64, Arc<ClaimTally>> {
+    let mut counts: HashMap<i64, usize> = HashMap::new();
+    for id in claimed.iter().filter_map(|r| r.claim) {
+        *counts.entry(id).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .map(|(id, n)| (id, Arc::new(ClaimTally { id, left: AtomicUsize::new(n), ended: ended.clone() })))
+        .collect()
+}
+
+/// How long the sweeper gathers ended records before it deletes them: one
+/// statement per this interval at most, however fast claims end.
+const GATHER: Duration = Duration::from_millis(20);
+
+/// Deletes the ended records as they come, until `stop`; then once more.
+pub(crate) async fn sweep_loop(pool: PgPool, ended: Arc<EndedClaims>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = ended.notify.notified() => {}
+            _ = stop.cancelled() => {
+                sweep(&pool, &ended).await;
+                return;
+            }
+        }
+        tokio::time::sleep(GATHER).await;
+        sweep(&pool, &ended).await;
+    }
+}
+
+async fn sweep(pool: &PgPool, ended: &EndedClaims) {
+    let ids = ended.take();
+    if ids.is_empty() {
+        return;
+    }
+    if let Err(e) = store::drop_claims(pool, &ids).await {
+        // The reaper deletes them once their first lease has passed.
+        tracing::debug!(error = %e, records = ids.len(), "could not delete ended claim records");
+    }
+}
