@@ -384,6 +384,8 @@ async fn the_reaper_reads_and_tidies_the_claim_records(_p: PgPoolOptions, opts: 
             SET state = CASE WHEN id = $1 THEN 'completed' ELSE 'running' END,
                 finished_at = CASE WHEN id = $1 THEN durastep.now() END,
                 lease_epoch = 7, worker_id = CASE WHEN id <> $1 THEN gen_random_uuid() END,
+                -- As a claim sets it: the records below list the runs, not the trigger.
+                claim_id = 1,
                 started_at = durastep.now(),
                 lease_expires_at = CASE WHEN id = $2 THEN durastep.now() + interval '1 hour'
                                         WHEN id = $3 THEN durastep.now() - interval '1 second' END

@@ -413,16 +413,16 @@ async fn two_joined_waits_both_get_their_events(_p: PgPoolOptions, opts: PgConne
 }
 
 /// Simulates a worker lost after its claim committed: the run is `running`
-/// under a new epoch with a lease already expired, listed in a claim record
-/// as a claim lists it; then the reaper runs.
+/// under a new epoch with a lease already expired; then the reaper runs. The
+/// UPDATE lists the run in no claim record, as a claim by a process older
+/// than migration 0034 would not: the trigger `runs_unlisted_attempt` lists
+/// it, or the reaper would never find it.
 async fn lose_lease(engine: &Engine, id: Uuid) {
     sqlx::query(
-        "WITH c AS (UPDATE durastep.runs SET state = 'running', lease_epoch = lease_epoch + 1,
-                           worker_id = gen_random_uuid(), started_at = coalesce(started_at, durastep.now()),
-                           lease_expires_at = durastep.now() - interval '1 second'
-                     WHERE id = $1 RETURNING id, lease_epoch, lease_expires_at)
-         INSERT INTO durastep.run_claims (recheck_at, run_ids, epochs)
-         SELECT lease_expires_at, ARRAY[id], ARRAY[lease_epoch] FROM c",
+        "UPDATE durastep.runs SET state = 'running', lease_epoch = lease_epoch + 1, worker_id = gen_random_uuid(),
+                started_at = coalesce(started_at, durastep.now()),
+                lease_expires_at = durastep.now() - interval '1 second'
+          WHERE id = $1",
     )
     .bind(id)
     .execute(engine.pool())

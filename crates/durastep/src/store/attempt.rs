@@ -71,7 +71,8 @@ pub(crate) enum WriteOutcome {
 /// the partial index `runs_running` and read every running run of every
 /// worker, comparing each with the whole id array, on every flush, whenever
 /// few of the table's runs were running (docs/performance.md "A flush that
-/// read every running run"; `tests/plans.rs`). For the same reason a write
+/// read every running run"; `tests/plans.rs`; since migration 0034 that
+/// index is gone, and the plan to fear is a sequential scan). For the same reason a write
 /// the lock skipped looks its run up by id (a scalar subquery) to tell a
 /// run locked by another transaction from a fenced one: as an `EXISTS` it
 /// became a hash over every running run.

@@ -80,6 +80,10 @@ live AS MATERIALIZED (
      WHERE NOT coalesce(cand.late, false) AND NOT coalesce(cand.overdue, false)),
 -- The clock, read once.
 t AS (SELECT durastep.now() AS now),
+-- The id of this claim's record (migration 0034), drawn before the runs are
+-- updated: each carries it in `claim_id`, which keeps the trigger that lists
+-- the attempts of older claims quiet.
+kid AS MATERIALIZED (SELECT nextval('durastep.run_claims_id_seq') AS id),
 -- Each live candidate's flow keys, read from its event data.
 ck AS MATERIALIZED (
     SELECT c.id, c.priority, c.run_at, ff.rule, fr.kind, fr.capacity, fr.burst,
@@ -188,6 +192,7 @@ claimed AS (
            lease_expires_at = durastep.now() + (SELECT p.lease FROM p),
            worker_id = (SELECT p.worker FROM p), started_at = coalesce(r.started_at, durastep.now()),
            park_rule = NULL, park_key = NULL, history_noted = NOT r.history_noted,
+           claim_id = (SELECT k.id FROM kid k),
            flow_held = (SELECT jsonb_agg(jsonb_build_array(j.rule, j.key)) FROM judged j
                          WHERE j.id = r.id AND j.kind = 'concurrency')
       FROM admit, durastep.events e
@@ -197,8 +202,9 @@ claimed AS (
 -- Their claim record, for the reaper: one row for the whole claim
 -- (migration 0034; a running run is found through it, not an index of `runs`).
 claim AS (
-    INSERT INTO durastep.run_claims (recheck_at, run_ids, epochs)
-    SELECT min(c.lease_expires_at), array_agg(c.id), array_agg(c.lease_epoch) FROM claimed c HAVING count(*) > 0
+    INSERT INTO durastep.run_claims (id, recheck_at, run_ids, epochs)
+    SELECT (SELECT k.id FROM kid k), min(c.lease_expires_at), array_agg(c.id), array_agg(c.lease_epoch)
+      FROM claimed c HAVING count(*) > 0
     RETURNING id),
 -- Their history rows, written here: the `runs_history` trigger stays quiet for
 -- rows whose `history_noted` flipped (migration 0020).

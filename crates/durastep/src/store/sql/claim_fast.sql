@@ -46,6 +46,10 @@ WITH p AS MATERIALIZED (
 -- flushes the WAL past the claim first (docs/architecture.md "The claim's
 -- commit").
 t AS MATERIALIZED (SELECT durastep.now() AS now, set_config('synchronous_commit', 'off', true) AS commit_mode),
+-- The id of this claim's record (migration 0034), drawn before the runs are
+-- updated: each carries it in `claim_id`, which keeps the trigger that lists
+-- the attempts of older claims quiet.
+kid AS MATERIALIZED (SELECT nextval('durastep.run_claims_id_seq') AS id),
 -- After a short claim: every run this claim may take that is due now, in
 -- due order, one more than the claim takes at most: an index scan of
 -- `runs_next_due` (ordered by `run_at` alone) ends at the first run not yet
@@ -77,7 +81,8 @@ claimed AS (
        SET state = 'running', lease_epoch = r.lease_epoch + 1 + floor(random() * 2147483648)::bigint,
            lease_expires_at = (SELECT now FROM t) + (SELECT p.lease FROM p),
            worker_id = (SELECT p.worker FROM p), started_at = coalesce(r.started_at, (SELECT now FROM t)),
-           park_rule = NULL, park_key = NULL, flow_held = NULL, history_noted = NOT r.history_noted
+           park_rule = NULL, park_key = NULL, flow_held = NULL, history_noted = NOT r.history_noted,
+           claim_id = (SELECT k.id FROM kid k)
      WHERE r.id = ANY (ARRAY(
             SELECT a.id FROM (                                                            -- few
                 SELECT c.id FROM durastep.runs c                                          -- few
@@ -106,8 +111,9 @@ claimed AS (
 -- Their claim record, for the reaper: one row for the whole claim
 -- (migration 0034; a running run is found through it, not an index of `runs`).
 claim AS (
-    INSERT INTO durastep.run_claims (recheck_at, run_ids, epochs)
-    SELECT min(c.lease_expires_at), array_agg(c.id), array_agg(c.lease_epoch) FROM claimed c HAVING count(*) > 0
+    INSERT INTO durastep.run_claims (id, recheck_at, run_ids, epochs)
+    SELECT (SELECT k.id FROM kid k), min(c.lease_expires_at), array_agg(c.id), array_agg(c.lease_epoch)
+      FROM claimed c HAVING count(*) > 0
     RETURNING id),
 -- Their history rows.
 h AS (
