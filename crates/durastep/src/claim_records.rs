@@ -6,7 +6,6 @@
 //! What it misses (an end that was not stored, a run given back, a worker
 //! that died) the reaper deletes when the record's first lease has passed.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,17 +52,12 @@ impl ClaimTally {
     }
 }
 
-/// The tallies of the records of `claimed` (the runs of one claim
-/// statement), keyed by record id.
-pub(crate) fn tallies(claimed: &[ClaimedRun], ended: &Arc<EndedClaims>) -> HashMap<i64, Arc<ClaimTally>> {
-    let mut counts: HashMap<i64, usize> = HashMap::new();
-    for id in claimed.iter().filter_map(|r| r.claim) {
-        *counts.entry(id).or_default() += 1;
-    }
-    counts
-        .into_iter()
-        .map(|(id, n)| (id, Arc::new(ClaimTally { id, left: AtomicUsize::new(n), ended: ended.clone() })))
-        .collect()
+/// The tally of the record of `claimed`, the runs of one claim statement
+/// (one record lists them all; None when the statement wrote none).
+pub(crate) fn tally(claimed: &[ClaimedRun], ended: &Arc<EndedClaims>) -> Option<Arc<ClaimTally>> {
+    let id = claimed.first()?.claim?;
+    debug_assert!(claimed.iter().all(|r| r.claim == Some(id)), "one record per claim statement");
+    Some(Arc::new(ClaimTally { id, left: AtomicUsize::new(claimed.len()), ended: ended.clone() }))
 }
 
 /// How long the sweeper gathers ended records before it deletes them: one

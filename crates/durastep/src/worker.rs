@@ -319,12 +319,10 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                                 failures = 0;
                                 last_full[class(done.fast)] = claimed.len() >= done.cap;
                                 class_found += i64::try_from(claimed.len()).unwrap_or(i64::MAX) + moved;
-                                let tallies = claim_records::tallies(&claimed, &ended_claims);
+                                let tally = claim_records::tally(&claimed, &ended_claims);
                                 for run in claimed {
-                                    let tally = run.claim.and_then(|c| tallies.get(&c).cloned());
                                     let r = hold(&held, &waiting_lost, run, done.sent, done.received, done.fast);
-                                    let r = Ready { tally, ..r };
-                                    enqueue(&mut ready, r);
+                                    enqueue(&mut ready, Ready { tally: tally.clone(), ..r });
                                 }
                             }
                             Err(e) => {

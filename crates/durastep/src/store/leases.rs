@@ -55,16 +55,15 @@ const CLAIMS_PER_PASS: i64 = 1000;
 /// Deletes the claim records `claims` of which no run is still running under
 /// the epoch the claim gave it: the worker calls it once it has stored the
 /// end of every attempt a claim started. A record with a run still running
-/// (an end that was not stored, a run claimed by this worker twice) is kept
+/// (an end that was not stored) is kept
 /// for the reaper. Returns how many were deleted.
 pub(crate) async fn drop_claims(pool: &PgPool, claims: &[i64]) -> Result<u64, sqlx::Error> {
-    let r = sqlx::query(
+    let r = sqlx::query(concat!(
         "DELETE FROM durastep.run_claims c
-          WHERE c.id = ANY ($1)
-            AND NOT EXISTS (SELECT 1 FROM unnest(c.run_ids, c.epochs) AS u(run_id, epoch)
-                              JOIN durastep.runs r ON r.id = u.run_id AND r.lease_epoch = u.epoch
-                             WHERE r.state = 'running')",
-    )
+          WHERE c.id = ANY ($1) AND NOT EXISTS (SELECT 1 FROM ",
+        running_runs!(),
+        " AND rc.id = c.id)"
+    ))
     .bind(claims)
     .execute(pool)
     .await?;
