@@ -12,6 +12,7 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+use crate::claim_records::{self, ClaimTally, EndedClaims};
 use crate::store::{self, ClaimedRun};
 
 /// The workers that run in this process, for the sends made through the
@@ -69,6 +70,9 @@ pub(crate) struct Handoff {
     /// claimed, 0 otherwise.
     open: AtomicUsize,
     runs: tokio::sync::mpsc::UnboundedSender<Handed>,
+    /// The worker's ended claim records: a send's record is counted down as
+    /// the worker's claims' are (migration 0035).
+    ended: Arc<EndedClaims>,
 }
 
 impl Handoff {
@@ -79,9 +83,10 @@ impl Handoff {
         worker_id: Uuid,
         lease: Duration,
         functions: Arc<ClaimClasses>,
+        ended: Arc<EndedClaims>,
     ) -> (Arc<Handoff>, tokio::sync::mpsc::UnboundedReceiver<Handed>) {
         let (runs, handed) = tokio::sync::mpsc::unbounded_channel();
-        (Arc::new(Handoff { wake, worker_id, lease, functions, open: AtomicUsize::new(0), runs }), handed)
+        (Arc::new(Handoff { wake, worker_id, lease, functions, open: AtomicUsize::new(0), runs, ended }), handed)
     }
 
     /// Offers `slots` free slots to the sends of the process (0: none).
@@ -131,6 +136,8 @@ pub(crate) struct Handed {
     /// Before the send went out: the lease counts from there.
     pub(crate) sent: Instant,
     pub(crate) received: Instant,
+    /// The tally of the send's claim record, shared by the runs it handed on.
+    pub(crate) tally: Option<Arc<ClaimTally>>,
 }
 
 /// Slots an idle worker offered, taken by one send.
@@ -150,12 +157,13 @@ impl Offer {
     /// take (it stopped meanwhile) is released at once, keeping its place.
     pub(crate) async fn hand_over(self, pool: &PgPool, runs: Vec<ClaimedRun>, sent: Instant) {
         let received = Instant::now();
+        let tally = claim_records::tally(&runs, &self.handoff.ended);
         for run in runs {
             // `error`: refused, as by a worker that stopped.
             let run = if crate::failpoint_fires!("hand-over") {
                 run
             } else {
-                match self.handoff.runs.send(Handed { run, sent, received }) {
+                match self.handoff.runs.send(Handed { run, sent, received, tally: tally.clone() }) {
                     Ok(()) => continue,
                     Err(refused) => refused.0.run,
                 }

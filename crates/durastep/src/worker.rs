@@ -75,14 +75,15 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         tracing::info!(functions = ?versions, "worker started");
         let held: HeldRuns = Arc::default();
         let wake = Arc::new(Wake::default());
-        let (handoff, mut handed) = Handoff::new(wake.clone(), worker_id, opts.lease, classes.clone());
+        // Claim records whose attempts have all ended here, deleted in batches.
+        let ended_claims = Arc::new(EndedClaims::default());
+        let (handoff, mut handed) =
+            Handoff::new(wake.clone(), worker_id, opts.lease, classes.clone(), ended_claims.clone());
         engine.local_workers.register(&handoff);
         let slot_freed = Arc::new(Turnover::default());
         let waiting_lost = Arc::new(Notify::new());
         let stop_background = CancellationToken::new();
         let stop_writers = CancellationToken::new();
-        // Claim records whose attempts have all ended here, deleted in batches.
-        let ended_claims = Arc::new(EndedClaims::default());
         let (writer, writer_tasks) = Writer::spawn(
             engine.pool.clone(),
             stop_writers.clone(),
@@ -354,7 +355,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 Some(h) = handed.recv() => {
                     // Claimed for this worker by a send of its process: held from now.
                     let r = hold(&held, &waiting_lost, h.run, h.sent, h.received, true);
-                    enqueue(&mut ready, r);
+                    enqueue(&mut ready, Ready { tally: h.tally, ..r });
                 }
                 _ = wake.notify.notified(), if held_until.is_some() && failures == 0 => {
                     // A wake-up ends the holds of the classes it is for.

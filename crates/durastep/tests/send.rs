@@ -546,6 +546,82 @@ async fn a_handing_send_inserts_its_run_claimed(_p: PgPoolOptions, opts: PgConne
     }
 }
 
+/// Catches: a handing send whose answer does not name the claim record of
+/// the runs it handed on (migration 0035), on either of its paths: the run
+/// inserted running (the name's topic row exists) and the run inserted
+/// queued, then claimed (no topic row yet: `send_event_handing_by_claim`).
+/// Without the id, the worker cannot delete the record when the runs end,
+/// and it stays until its lease has passed.
+#[sqlx::test(migrations = false)]
+async fn a_handing_send_names_its_claim_record(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let engine = common::engine(&opts, two_functions()).await;
+    let worker = uuid::Uuid::new_v4();
+    let (ids, versions): (Vec<String>, Vec<i32>) =
+        sqlx::query_as::<_, (String, i32)>("SELECT id, version FROM durastep.functions ORDER BY id")
+            .fetch_all(engine.pool())
+            .await
+            .unwrap()
+            .into_iter()
+            .unzip();
+    for path in ["by claim (no topic row yet)", "inserted running"] {
+        let rows: Vec<(Option<uuid::Uuid>, Option<i64>, Option<i64>)> = sqlx::query_as(
+            "SELECT id, lease_epoch, claim
+               FROM durastep.send_event_handing(gen_random_uuid(), 'order/placed', '{}', NULL, 0, $1, 30, $2, $3, 2)",
+        )
+        .bind(worker)
+        .bind(&ids)
+        .bind(&versions)
+        .fetch_all(engine.pool())
+        .await
+        .unwrap();
+        let handed: Vec<(uuid::Uuid, i64)> = rows.iter().filter_map(|r| Some((r.0?, r.1?))).collect();
+        assert_eq!(handed.len(), 2, "{path}: {rows:?}");
+        let claim = rows[0].2.unwrap_or_else(|| panic!("{path}: no claim record named: {rows:?}"));
+        assert!(rows.iter().all(|r| r.2 == Some(claim)), "{path}: {rows:?}");
+        let (mut listed, epochs): (Vec<uuid::Uuid>, Vec<i64>) =
+            sqlx::query_as("SELECT run_ids, epochs FROM durastep.run_claims WHERE id = $1")
+                .bind(claim)
+                .fetch_one(engine.pool())
+                .await
+                .unwrap();
+        let mut pairs: Vec<(uuid::Uuid, i64)> = listed.drain(..).zip(epochs).collect();
+        pairs.sort();
+        let mut expected = handed.clone();
+        expected.sort();
+        assert_eq!(pairs, expected, "{path}: the record named must list the runs handed on");
+        // Finished, so that nothing is due for the next send.
+        sqlx::query("UPDATE durastep.runs SET state = 'completed', finished_at = durastep.now() WHERE id = ANY ($1)")
+            .bind(handed.iter().map(|h| h.0).collect::<Vec<_>>())
+            .execute(engine.pool())
+            .await
+            .unwrap();
+    }
+}
+
+/// Catches: a worker that leaves the claim record of the runs a send of its
+/// process handed it to the reaper (before migration 0035 it was not told
+/// which record that was): every reader of the running runs walks such a
+/// record until its lease has passed. The lease (60 s) and the reaper (10
+/// minutes) are too long here for the reaper to have deleted it.
+#[sqlx::test(migrations = false)]
+async fn the_worker_deletes_the_claim_record_of_runs_handed_to_it(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let options = durastep::WorkerOptions {
+        lease: common::LONG_LEASE,
+        reap_interval: Duration::from_secs(600),
+        ..common::fast_options()
+    };
+    let echo = Function::new("echo").on_event("ping").handler(|_ctx: Ctx, v: Value| async move { Ok(v) });
+    let engine = common::engine_with(&opts, vec![echo], options).await;
+    let w = common::spawn_worker(&engine);
+    send_until_handed(&engine, "ping").await;
+    common::wait_until("the worker to delete every claim record", || {
+        let engine = engine.clone();
+        async move { common::count(&engine, "durastep.run_claims").await == 0 }
+    })
+    .await;
+    w.stop().await;
+}
+
 /// Rows of `durastep.runs` inserted and updated so far in this transaction.
 async fn runs_writes(tx: &mut sqlx::PgConnection) -> (i64, i64) {
     sqlx::query_as(

@@ -66,8 +66,9 @@ pub(crate) struct ClaimedRun {
     /// Where it stood in the due queue when claimed.
     pub place: QueuePlace,
     /// The claim record (`run_claims`) that lists this attempt, for the
-    /// worker to delete once every attempt in it has ended (None: a run a
-    /// handing send inserted running, whose record the reaper deletes).
+    /// worker to delete once every attempt in it has ended: the claim's, or
+    /// the handing send's (migration 0035). None: the statement returned
+    /// none.
     pub claim: Option<i64>,
 }
 
@@ -240,10 +241,12 @@ pub(super) fn claimed_runs(
         let Some(id) = row.try_get::<Option<Uuid>, _>("id")? else {
             continue;
         };
-        let ((steps, journal), claim) = match records {
-            Records::Stored => (records_of(&row)?, row.try_get("claim")?),
+        let (steps, journal) = match records {
+            Records::Stored => records_of(&row)?,
             Records::New => Default::default(),
         };
+        // The statement's claim record (NULL: it wrote none).
+        let claim = row.try_get("claim")?;
         claimed.push(ClaimedRun {
             id,
             function_id: row.try_get("function_id")?,
