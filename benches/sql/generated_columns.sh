@@ -2,9 +2,9 @@
 # What the stored generated columns of migration 0032 cost a claim and a
 # completion before any of them is HOT (docs/performance.md "Indexes a
 # claim leaves alone"). Three copies of `durastep.runs` with 300,000 queued
-# runs each, every one with the due queue and `runs_running` (migration
-# 0033's, which 0034 dropped; it is made again here so that the three
-# differ only in the generated columns):
+# runs each, every one with the due queue's two indexes and `runs_running`
+# (migration 0033's, which 0034 and 0035 dropped; they are made again here
+# so that the three differ only in the generated columns):
 #   before:    the columns and indexes of migration 0031 (eight indexes
 #              that name `state` in their predicate, and `runs_finished`);
 #   generated: today's table, with its six generated columns and the
@@ -40,6 +40,10 @@ CREATE TABLE public.runs_plain (LIKE durastep.runs INCLUDING DEFAULTS INCLUDING 
     WITH (fillfactor = 80);
 CREATE INDEX ON public.runs_generated (function_id) WHERE state = 'running';
 CREATE INDEX ON public.runs_plain (function_id) WHERE state = 'running';
+CREATE INDEX ON public.runs_generated (priority DESC, run_at) WHERE state IN ('queued', 'sleeping', 'waiting');
+CREATE INDEX ON public.runs_plain (priority DESC, run_at) WHERE state IN ('queued', 'sleeping', 'waiting');
+CREATE INDEX ON public.runs_generated (run_at) WHERE state IN ('queued', 'sleeping', 'waiting');
+CREATE INDEX ON public.runs_plain (run_at) WHERE state IN ('queued', 'sleeping', 'waiting');
 CREATE TABLE public.runs_before (LIKE durastep.runs INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (fillfactor = 80);
 ALTER TABLE public.runs_before ADD PRIMARY KEY (id);
 CREATE UNIQUE INDEX ON public.runs_before (event_id, function_id);

@@ -21,6 +21,10 @@
 #   git show 42cd94b:crates/durastep/src/store/sql/claim_fast.sql > /tmp/old_claim.sql
 #   CLAIM_SQL=/tmp/old_claim.sql bash benches/sql/sleeping_claims.sh
 #
+# (A claim older than migration 0035 reads the due queue through `runs_due`
+# and `runs_next_due`, which 0035 dropped: measure it on a checkout of its
+# own time, whose migrations this script applies.)
+#
 # Needs a local Postgres (PGHOST/PGUSER as for psql; default 127.0.0.1 and
 # postgres). Creates and drops the database durastep_sleeping_claims. SECS
 # (default 3) sets each idle run's length (a busy one lasts a second, so that

@@ -31,7 +31,8 @@
 -- are ~50-byte JSON objects. After each population the sizes of every
 -- relation in schema durastep are recorded, before and after VACUUM ANALYZE;
 -- the report gives each population's share scaled to a million runs.
--- Then: EXPLAIN ANALYZE of the walk of `runs_due` that every claim finding
+-- Then: EXPLAIN ANALYZE of the walk of the due queue (`runs_due` until
+-- migration 0035, `run_queue_due` since) that every claim finding
 -- fewer runs due than it asked for made before 2026-12-04 (since then such a
 -- claim reads `runs_next_due` up to the first run not yet due instead, and
 -- walks `runs_due` only when more runs are due than it takes), with the
@@ -312,16 +313,17 @@ SELECT c.relname, round(pg_total_relation_size(c.oid) / 1048576.0, 1) AS total_m
  ORDER BY 2 DESC;
 
 \echo
-\echo == The walk of runs_due with only sleeping runs unfinished (an empty claim's before 2026-12-04)
+\echo == The walk of the due queue with only sleeping runs unfinished (an empty claim's before 2026-12-04)
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
-SELECT c.id FROM durastep.runs c
- WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= durastep.now()
-   AND c.function_id = ANY (ARRAY['bench-sleeper'])
-   AND (c.function_id, c.version) IN (SELECT * FROM unnest(ARRAY['bench-sleeper'], ARRAY[0]))
-   AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id)
+SELECT c.id FROM durastep.run_queue q JOIN durastep.runs c ON c.id = q.run_id
+ WHERE q.run_at <= durastep.now()
+   AND q.function_id = ANY (ARRAY['bench-sleeper'])
+   AND (q.function_id, q.version) IN (SELECT * FROM unnest(ARRAY['bench-sleeper'], ARRAY[0]))
+   AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = q.function_id)
+   AND c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= durastep.now()
    AND (c.deadline_at IS NULL OR c.deadline_at >= durastep.now())
    AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= durastep.now())
- ORDER BY c.priority DESC, c.run_at
+ ORDER BY q.priority DESC, q.run_at
  LIMIT 32
  FOR UPDATE OF c SKIP LOCKED;
 

@@ -102,14 +102,14 @@ impl BenchDb {
 }
 
 /// The drain's progress check: whether no run is queued, sleeping, waiting
-/// or running. An index scan of `runs_next_due` that stops at its first live
-/// entry, and the runs of the claim records (`run_claims`, which the workers
+/// or running. An index scan of the due queue (`run_queue_next_due`) that
+/// stops at its first entry, and the runs of the claim records (`run_claims`, which the workers
 /// delete once their attempts have ended), where a `count(*)` of the
 /// completed runs reads the whole table: polled every 100 ms during a drain
 /// of 40,000 runs, that count took about a tenth of the executor time the
 /// engine's statements took (docs/performance.md "The bench's own poll").
-const DRAINED: &str = "SELECT NOT EXISTS (SELECT FROM (SELECT run_at FROM durastep.runs
-                           WHERE state IN ('queued', 'sleeping', 'waiting') ORDER BY run_at LIMIT 1) due)
+const DRAINED: &str =
+    "SELECT NOT EXISTS (SELECT FROM (SELECT run_at FROM durastep.run_queue ORDER BY run_at LIMIT 1) due)
                    AND NOT EXISTS (SELECT FROM durastep.run_claims c
                                     CROSS JOIN LATERAL unnest(c.run_ids, c.epochs) AS u(run_id, epoch)
                                     JOIN durastep.runs r ON r.id = u.run_id AND r.lease_epoch = u.epoch

@@ -946,8 +946,10 @@ async fn counts_are_estimated_from_statistics_on_large_tables(_p: PgPoolOptions,
 
 /// Step results and journal entries have no foreign key on their run (the
 /// fenced writes make it redundant, migration 0016): a DELETE of runs, by any
-/// path, and a TRUNCATE of runs still take them along.
-/// Catches: a statement on runs that would leave orphaned step rows behind.
+/// path, and a TRUNCATE of runs still take them along, and the queue rows of
+/// runs not yet started (`run_queue`, migration 0035) with them.
+/// Catches: a statement on runs that would leave orphaned step or queue rows
+/// behind.
 #[sqlx::test(migrations = false)]
 async fn deleting_or_truncating_runs_takes_their_steps_along(_p: PgPoolOptions, opts: PgConnectOptions) {
     // Two steps (their journal entries on their step rows) and a `changed`
@@ -971,15 +973,30 @@ async fn deleting_or_truncating_runs_takes_their_steps_along(_p: PgPoolOptions, 
         common::finished(&engine, *id).await;
     }
     w.stop().await;
+    // Three runs queued, with no worker to start them.
+    let queued: Vec<_> = engine
+        .send_batch((4..7).map(|i| Event::new("two/go", &json!({"i": i}))).collect())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_ids[0])
+        .collect();
+    assert_eq!(common::count(&engine, "durastep.run_queue").await, 3);
     assert_eq!(common::count(&engine, "durastep.step_results").await, 8);
     assert_eq!(common::count(&engine, "durastep.step_journal").await, 4);
     assert_eq!(common::count(&engine, "durastep.run_journal").await, 12);
-    sqlx::query("DELETE FROM durastep.runs WHERE id = $1").bind(ids[0]).execute(engine.pool()).await.unwrap();
+    sqlx::query("DELETE FROM durastep.runs WHERE id = ANY ($1)")
+        .bind([ids[0], queued[0]])
+        .execute(engine.pool())
+        .await
+        .unwrap();
     assert_eq!(common::count(&engine, "durastep.step_results").await, 6);
     assert_eq!(common::count(&engine, "durastep.step_journal").await, 3);
+    assert_eq!(common::count(&engine, "durastep.run_queue").await, 2);
     sqlx::query("TRUNCATE durastep.runs CASCADE").execute(engine.pool()).await.unwrap();
     assert_eq!(common::count(&engine, "durastep.step_results").await, 0);
     assert_eq!(common::count(&engine, "durastep.step_journal").await, 0);
+    assert_eq!(common::count(&engine, "durastep.run_queue").await, 0);
     // Listing the step tables in the same TRUNCATE works too.
     sqlx::query("TRUNCATE durastep.events, durastep.runs, durastep.step_results, durastep.step_journal CASCADE")
         .execute(engine.pool())

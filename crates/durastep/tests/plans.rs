@@ -265,7 +265,8 @@ async fn idle_claim_buffers(conn: &mut PgConnection, sql: &'static str, full: bo
 }
 
 /// Catches: a claim that walks the entry of every sleeping and waiting run
-/// when fewer runs are due than it asks for. `runs_due` is ordered by
+/// when fewer runs are due than it asks for. The walk's index
+/// (`runs_due` until migration 0035, `run_queue_due` since) is ordered by
 /// priority, then due time, and Postgres 15 cannot skip to the next
 /// priority, so before 2026-12-04 each such claim (an idle worker's, or any
 /// claim in a trickle of sends) read the whole index: with 400,000 runs
@@ -288,19 +289,23 @@ async fn an_idle_claim_does_not_read_the_sleeping_runs(_p: PgPoolOptions, opts: 
         empty.push(idle_claim_buffers(&mut conn, sql, full).await);
     }
     // A backlog, as the statistics see it (a generic plan made then walks
-    // `runs_due`; one made while nothing is due may scan `runs_next_due` and
-    // sort, which hid the walk of the old full claim), then every run asleep,
+    // `run_queue_due`; one made while nothing is due may scan
+    // `run_queue_next_due` and sort, which hid the walk of the old full
+    // claim), then every run asleep,
     // each until its own time in the next month (one shared due time would
     // be deduplicated into a few index entries), with no new statistics.
-    sqlx::query("ALTER TABLE durastep.runs SET (autovacuum_enabled = false)")
-        .execute(&mut conn)
-        .await
-        .expect("autovacuum off");
+    sqlx::raw_sql(
+        "ALTER TABLE durastep.runs SET (autovacuum_enabled = false);
+         ALTER TABLE durastep.run_queue SET (autovacuum_enabled = false)",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("autovacuum off");
     let seed: Vec<Event> = (0..ASLEEP).map(|i| Event::new("go", &i)).collect();
     for chunk in seed.chunks(1000) {
         engine.send_batch(chunk.to_vec()).await.expect("seed runs");
     }
-    sqlx::query("ANALYZE durastep.runs").execute(&mut conn).await.expect("analyze");
+    sqlx::query("ANALYZE durastep.runs, durastep.run_queue").execute(&mut conn).await.expect("analyze");
     sqlx::query(
         "UPDATE durastep.runs SET state = 'sleeping',
                 run_at = durastep.now() + interval '1 hour' + random() * interval '30 days'",
@@ -308,7 +313,7 @@ async fn an_idle_claim_does_not_read_the_sleeping_runs(_p: PgPoolOptions, opts: 
     .execute(&mut conn)
     .await
     .expect("put the runs to sleep");
-    sqlx::query("VACUUM durastep.runs").execute(&mut conn).await.expect("vacuum");
+    sqlx::query("VACUUM durastep.runs, durastep.run_queue").execute(&mut conn).await.expect("vacuum");
     for ((name, sql, full), before) in CLAIMS.into_iter().zip(empty) {
         let asleep = idle_claim_buffers(&mut conn, sql, full).await;
         assert!(
@@ -321,14 +326,14 @@ async fn an_idle_claim_does_not_read_the_sleeping_runs(_p: PgPoolOptions, opts: 
 /// Catches: a worker draining a backlog that sends the claim which reads the
 /// due runs first instead of the walk alone after a claim that came back
 /// full (the hint passed the wrong way, or not at all). Under a backlog the
-/// whole text scans an index of `runs` twice per claim (its due read, then
-/// the walk: which index each uses depends on the statistics), the walk
-/// alone once. 2,000 queued runs, claims of at most 16; each claim is
+/// whole text scans an index of the due queue (`run_queue`) twice per claim
+/// (its due read, then the walk: which index each uses depends on the
+/// statistics), the walk alone once. 2,000 queued runs, claims of at most 16; each claim is
 /// counted by its time in the run history (one transaction, one clock
 /// reading) (docs/performance.md "Two claim statements"). The statistics
 /// are made before the drain and autovacuum is off, so that every claim's
 /// generic plan reads one of the two indexes (in a table never analyzed the
-/// walk scanned `runs_next_due` and sorted; a sequential scan would count
+/// walk scanned `run_queue_next_due` and sorted; a sequential scan would count
 /// nothing, and the test says so instead of passing).
 #[sqlx::test(migrations = false)]
 async fn a_draining_worker_sends_the_walk_alone(_p: PgPoolOptions, opts: PgConnectOptions) {
@@ -348,10 +353,14 @@ async fn a_draining_worker_sends_the_walk_alone(_p: PgPoolOptions, opts: PgConne
         engine.send_batch(chunk.to_vec()).await.expect("seed runs");
     }
     let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
-    sqlx::raw_sql("ALTER TABLE durastep.runs SET (autovacuum_enabled = false); ANALYZE durastep.runs")
-        .execute(&mut conn)
-        .await
-        .expect("statistics, then autovacuum off");
+    sqlx::raw_sql(
+        "ALTER TABLE durastep.runs SET (autovacuum_enabled = false);
+         ALTER TABLE durastep.run_queue SET (autovacuum_enabled = false);
+         ANALYZE durastep.runs, durastep.run_queue",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("statistics, then autovacuum off");
     sqlx::query("SELECT pg_stat_reset()").execute(&mut conn).await.expect("reset the statistics");
     let worker = common::spawn_worker(&engine);
     let left = "durastep.runs WHERE state <> 'completed'";
@@ -374,15 +383,15 @@ async fn a_draining_worker_sends_the_walk_alone(_p: PgPoolOptions, opts: PgConne
     .await;
     let seen: i64 = sqlx::query_scalar(
         "SELECT coalesce(sum(idx_scan), 0)::bigint FROM pg_stat_user_indexes
-          WHERE indexrelname IN ('runs_due', 'runs_next_due')",
+          WHERE indexrelname IN ('run_queue_due', 'run_queue_next_due')",
     )
     .fetch_one(&mut conn)
     .await
     .expect("index scans");
-    assert!(seen >= claims, "{seen} scans of runs_due and runs_next_due for {claims} claims: a claim read neither");
+    assert!(seen >= claims, "{seen} scans of the due queue's indexes for {claims} claims: a claim read neither");
     assert!(claims >= 100, "{claims} claims for {RUNS} runs of at most 16");
     assert!(
         seen < claims + claims / 2,
-        "{seen} scans of runs_due and runs_next_due for {claims} claims: the claims after full ones read the due runs first"
+        "{seen} scans of the due queue's indexes for {claims} claims: the claims after full ones read the due runs first"
     );
 }

@@ -421,7 +421,8 @@ async fn a_send_does_not_hand_on_its_run_while_another_is_due(_p: PgPoolOptions,
 }
 
 /// Catches: a handing send whose "is anything else due" check scans the
-/// runs table. It must read the first entries of `runs_next_due` whatever
+/// runs table or the due queue's. It must read the first entries of
+/// `run_queue_next_due` (`runs_next_due` before migration 0035) whatever
 /// the number of runs waiting for a later time (the generic plan of a
 /// `NOT EXISTS (... run_at <= now)` expected a third of the table to match
 /// and scanned all of it: 6 ms per send with 50,000 sleeping runs).
@@ -439,7 +440,7 @@ async fn a_handing_send_probes_the_due_index_not_the_table(_p: PgPoolOptions, op
         engine.send_batch(chunk.to_vec()).await.unwrap();
     }
     let mut tx = engine.pool().begin().await.unwrap();
-    sqlx::query("ANALYZE durastep.runs").execute(&mut *tx).await.unwrap();
+    sqlx::query("ANALYZE durastep.runs, durastep.run_queue").execute(&mut *tx).await.unwrap();
     let version: i32 = sqlx::query_scalar("SELECT version FROM durastep.functions WHERE id = 'echo'")
         .fetch_one(&mut *tx)
         .await
@@ -456,7 +457,7 @@ async fn a_handing_send_probes_the_due_index_not_the_table(_p: PgPoolOptions, op
     let after = runs_seq_scans(&mut tx).await;
     tx.rollback().await.unwrap();
     assert!(handed.is_some(), "nothing else was due: the run should have been handed on");
-    assert_eq!(after - before, 0, "the handing send scanned durastep.runs");
+    assert_eq!(after - before, 0, "the handing send scanned durastep.runs or durastep.run_queue");
 }
 
 /// One row of `send_event_handing`'s answer: whether the event was new,
@@ -556,10 +557,11 @@ async fn runs_writes(tx: &mut sqlx::PgConnection) -> (i64, i64) {
     .unwrap()
 }
 
-/// Sequential scans of `durastep.runs` so far in this transaction.
+/// Sequential scans of `durastep.runs` and `durastep.run_queue` so far in this transaction.
 async fn runs_seq_scans(tx: &mut sqlx::PgConnection) -> i64 {
     sqlx::query_scalar(
-        "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = 'durastep' AND relname = 'runs'",
+        "SELECT sum(seq_scan)::bigint FROM pg_stat_xact_user_tables
+          WHERE schemaname = 'durastep' AND relname IN ('runs', 'run_queue')",
     )
     .fetch_one(tx)
     .await

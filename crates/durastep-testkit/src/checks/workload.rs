@@ -134,6 +134,35 @@ pub async fn runs(pool: &PgPool) -> Result<Vec<WlRun>> {
     .await?)
 }
 
+/// Runs whose due-queue row (`durastep.run_queue`, migration 0035) is wrong:
+/// a queued, sleeping or waiting run without one, a row of a run in another
+/// state (or of no run), or a row whose state, priority, due time, function
+/// or version differ from its run's. (run, what is wrong).
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let wrong = durastep_testkit::checks::workload::due_queue_mismatches(&pool).await?;
+/// assert!(wrong.is_empty());
+/// # Ok(()) }
+/// ```
+pub async fn due_queue_mismatches(pool: &PgPool) -> Result<Vec<(Uuid, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT coalesce(r.id, q.run_id),
+                CASE WHEN q.run_id IS NULL THEN 'a ' || r.state || ' run has no queue row'
+                     WHEN r.id IS NULL THEN 'a queue row of a run not queued, sleeping or waiting (or of none)'
+                     ELSE format('queue row (%s, %s, %s, %s, %s), run (%s, %s, %s, %s, %s)',
+                                 q.state, q.priority, q.run_at, q.function_id, q.version,
+                                 r.state, r.priority, r.run_at, r.function_id, r.version) END
+           FROM (SELECT * FROM durastep.runs WHERE state IN ('queued', 'sleeping', 'waiting')) r
+           FULL JOIN durastep.run_queue q ON q.run_id = r.id
+          WHERE q.run_id IS NULL OR r.id IS NULL
+             OR (q.state, q.priority, q.run_at, q.function_id, q.version)
+                IS DISTINCT FROM (r.state, r.priority, r.run_at, r.function_id, r.version)",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
 /// Stored step results of workload runs: (run, step key, output, lease epoch).
 ///
 /// ```no_run

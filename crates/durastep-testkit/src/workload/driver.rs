@@ -543,6 +543,12 @@ async fn oracle(pool: &sqlx::PgPool, seen: &Seen, lease: Duration, out: &mut Out
         }
     }
 
+    // due-queue: every queued, sleeping and waiting run has exactly its
+    // queue row, and no other run has one (migration 0035).
+    for (run, detail) in sql::due_queue_mismatches(pool).await? {
+        find("due-queue", Some(run), detail);
+    }
+
     // unfinished: every unfinished run has a blocker naming a real cause.
     let blockers = sql::blockers(pool).await?;
     let blocked: HashMap<Uuid, _> = blockers.iter().map(|b| (b.0, b)).collect();

@@ -173,7 +173,7 @@ pub(crate) async fn claim_fast(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Queue {
     /// The last claim of this class came back full: more runs are likely due
-    /// than this one takes, so it walks `runs_due` in priority order at once
+    /// than this one takes, so it walks the due queue in priority order at once
     /// (the walk stops once it has its runs): the claim's text without its
     /// due read ([`walk_only`]).
     Backlog,
@@ -209,7 +209,7 @@ static FAST_WALK: LazyLock<String> = LazyLock::new(|| walk_only(FAST));
 const FEW_ONLY: &str = "-- few";
 
 /// A claim's text without its due read: every line that ends with
-/// [`FEW_ONLY`] left out (the walk of `runs_due` alone, as every claim was
+/// [`FEW_ONLY`] left out (the walk of the due queue alone, as every claim was
 /// before 2026-12-04).
 fn walk_only(whole: &str) -> String {
     whole.lines().filter(|l| !l.trim_end().ends_with(FEW_ONLY)).flat_map(|l| [l, "\n"]).collect()
@@ -269,8 +269,8 @@ pub(super) fn claimed_runs(
 /// (None: nothing scheduled).
 pub(crate) async fn next_due_in(pool: &PgPool, functions: &Handled) -> Result<Option<Duration>, sqlx::Error> {
     let secs: Option<f64> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM min(run_at) - durastep.now())::float8 FROM durastep.runs
-          WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at < 'infinity' AND function_id = ANY ($1)
+        "SELECT extract(epoch FROM min(run_at) - durastep.now())::float8 FROM durastep.run_queue
+          WHERE run_at < 'infinity' AND function_id = ANY ($1)
             AND (function_id, version) IN (SELECT * FROM unnest($2::text[], $3::int[]))",
     )
     .bind(&functions.ids)
@@ -285,8 +285,8 @@ pub(crate) async fn next_due_in(pool: &PgPool, functions: &Handled) -> Result<Op
 /// queue-depth gauge). Functions with none are absent.
 pub(crate) async fn count_due_runs(pool: &PgPool, functions: &[String]) -> Result<Vec<(String, i64)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT function_id, count(*) FROM durastep.runs
-          WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now() AND function_id = ANY ($1)
+        "SELECT function_id, count(*) FROM durastep.run_queue
+          WHERE run_at <= durastep.now() AND function_id = ANY ($1)
           GROUP BY function_id",
     )
     .bind(functions)
@@ -319,7 +319,7 @@ mod tests {
     /// each claim, and must stay the same.
     #[test]
     fn a_claims_due_read_and_walk_have_the_same_conditions() {
-        for (whole, walk_from) in [(FAST, "SELECT c.id FROM durastep.runs c"), (FULL, "cand AS MATERIALIZED")] {
+        for (whole, walk_from) in [(FAST, "SELECT c.id FROM durastep.run_queue q"), (FULL, "cand AS MATERIALIZED")] {
             let due = conditions(whole, "due AS MATERIALIZED");
             let walk = conditions(&walk_only(whole), walk_from);
             assert!(due.len() >= 3, "the due read's conditions were not found: {due:?}");

@@ -381,18 +381,19 @@ pub(crate) async fn runs_row_estimate(pool: &PgPool) -> Result<i64, sqlx::Error>
         .await
 }
 
-/// Exact counts of the unfinished states only (through the partial indexes
-/// `runs_due` and `runs_diverged`, and the claim records for the running
-/// runs: bounded by the work in flight, however many finished runs the
-/// table keeps).
+/// Exact counts of the unfinished states only (through the due queue's table
+/// `run_queue`, the partial index `runs_diverged`, and the claim records for
+/// the running runs: bounded by the work in flight, however many finished
+/// runs the table keeps).
 pub(crate) async fn unfinished_counts(pool: &PgPool) -> Result<Vec<(String, RunState, i64)>, sqlx::Error> {
     sqlx::query_as(
-        // One branch per partial index, whose predicate each branch repeats
-        // (a single `state IN (...)` over all five is a seq scan of the
-        // table), and the running runs through their claims' records.
+        // The queued, sleeping and waiting runs from the due queue, the
+        // running runs through their claims' records, and the diverged
+        // through their partial index (a single `state IN (...)` over all
+        // five is a seq scan of `runs`).
         concat!(
             "SELECT function_id, state, count(*) FROM (
-             SELECT function_id, state FROM durastep.runs WHERE state IN ('queued', 'sleeping', 'waiting')
+             SELECT function_id, state FROM durastep.run_queue
              UNION ALL SELECT r.function_id, r.state FROM ",
             running_runs!(),
             "
@@ -570,11 +571,12 @@ pub(crate) async fn unfinished_runs(
         "SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, e.payload,
                     st.step_keys, st.step_outputs, st.step_positions, st.step_kinds, jr.journal_positions, jr.journal_kinds, jr.journal_keys
                FROM (
-                   -- The page's ids first, one branch per partial index (a single
-                   -- `state IN (...)` over all five is a seq scan of the table).
+                   -- The page's ids first: the due queue, the claim records, the
+                   -- diverged runs' partial index (a single `state IN (...)`
+                   -- over all five is a seq scan of `runs`).
                    SELECT u.id FROM (
-                       SELECT id FROM durastep.runs
-                        WHERE state IN ('queued', 'sleeping', 'waiting') AND function_id = ANY ($1) AND id > $2
+                       SELECT run_id AS id FROM durastep.run_queue
+                        WHERE function_id = ANY ($1) AND run_id > $2
                        UNION ALL SELECT r.id FROM ",
         running_runs!(),
         "

@@ -73,7 +73,7 @@ pub(crate) async fn busy_runs(pool: &PgPool) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(concat!(
         "SELECT (SELECT count(*) FROM ",
         running_runs!(),
-        ") + (SELECT count(*) FROM durastep.runs
+        ") + (SELECT count(*) FROM durastep.run_queue
                   WHERE state IN ('queued', 'sleeping') AND run_at <= durastep.now())"
     ))
     .fetch_one(pool)

@@ -8,7 +8,11 @@
 --
 -- Two statements in one text, as claim_fast.sql: this one reads the due runs
 -- first (sent after a short claim); without its lines that end with `-- few`
--- it walks `runs_due` alone (sent after a full claim).
+-- it walks the due queue alone (sent after a full claim). The due queue is
+-- the table `run_queue` (migration 0035): the claimed runs' rows are deleted
+-- here and `queue_noted` flips, as in claim_fast.sql; the runs this claim
+-- parks, skips, wakes or expires are left to the trigger that keeps the
+-- queue for every other writer.
 --
 -- Every parameter, read only through this CTE: a custom plan cannot see one,
 -- so it costs exactly what the generic plan costs and Postgres keeps the
@@ -22,17 +26,18 @@ WITH p AS MATERIALIZED (
            make_interval(secs => $5) AS recheck, $6::text[] AS version_ids, $7::int[] AS versions),
 -- After a short claim: every run this claim may take that is due now, in
 -- due order, one more than the claim takes at most: an index scan of
--- `runs_next_due` ends at the first run not yet due, however many runs
+-- `run_queue_next_due` ends at the first run not yet due, however many runs
 -- sleep or wait behind it.
 due AS MATERIALIZED (                                                                     -- few
-    SELECT id FROM durastep.runs                                                          -- few
-     WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()        -- few
-       AND function_id = ANY ((SELECT p.functions FROM p)::text[])                        -- few
-       AND (function_id, version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v) -- few
-     ORDER BY run_at                                                                      -- few
+    SELECT c.id FROM durastep.run_queue q JOIN durastep.runs c ON c.id = q.run_id         -- few
+     WHERE q.run_at <= durastep.now()                                                     -- few
+       AND q.function_id = ANY ((SELECT p.functions FROM p)::text[])                      -- few
+       AND (q.function_id, q.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v) -- few
+       AND c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= durastep.now()    -- few
+     ORDER BY q.run_at                                                                    -- few
      LIMIT (SELECT p.n FROM p) + 1),                                                      -- few
 -- The due candidates, in priority then due order, skipping rows others hold:
--- after a full claim a walk of `runs_due`, which stops once it has the
+-- after a full claim a walk of the due queue, which stops once it has the
 -- claim's runs; after a short one, one of two ways as in claim_fast.sql (the
 -- count of `due` decides; the other is never executed): all of them fit in
 -- this claim, so the best of `due`, locked by id (state and due time checked
@@ -51,17 +56,18 @@ cand AS MATERIALIZED (
          FOR UPDATE SKIP LOCKED) a                                                        -- few
     UNION ALL                                                                             -- few
     SELECT b.* FROM (                                                                     -- few
-        SELECT id, function_id, event_id, priority, run_at,
-               (started_at IS NULL AND start_by < durastep.now()) AS late,
-               (deadline_at < durastep.now()) AS overdue
-          FROM durastep.runs
-         WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= durastep.now()
-           AND function_id = ANY ((SELECT p.functions FROM p)::text[])
+        SELECT c.id, c.function_id, c.event_id, c.priority, c.run_at,
+               (c.started_at IS NULL AND c.start_by < durastep.now()) AS late,
+               (c.deadline_at < durastep.now()) AS overdue
+          FROM durastep.run_queue q JOIN durastep.runs c ON c.id = q.run_id
+         WHERE q.run_at <= durastep.now()
+           AND q.function_id = ANY ((SELECT p.functions FROM p)::text[])
            -- Versions: only runs of a (function, version) this worker has a handler for.
-           AND (function_id, version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
-         ORDER BY priority DESC, run_at
+           AND (q.function_id, q.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
+           AND c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= durastep.now()
+         ORDER BY q.priority DESC, q.run_at
          LIMIT (SELECT p.n FROM p)
-         FOR UPDATE SKIP LOCKED
+         FOR UPDATE OF c SKIP LOCKED
     ) b WHERE (SELECT count(*) FROM due) > (SELECT p.n FROM p)                               -- few
     ),
 -- Candidates past their start or finish deadline are cancelled, not started.
@@ -192,7 +198,7 @@ claimed AS (
            lease_expires_at = durastep.now() + (SELECT p.lease FROM p),
            worker_id = (SELECT p.worker FROM p), started_at = coalesce(r.started_at, durastep.now()),
            park_rule = NULL, park_key = NULL, history_noted = NOT r.history_noted,
-           claim_id = (SELECT k.id FROM kid k),
+           claim_id = (SELECT k.id FROM kid k), queue_noted = NOT r.queue_noted,
            flow_held = (SELECT jsonb_agg(jsonb_build_array(j.rule, j.key)) FROM judged j
                          WHERE j.id = r.id AND j.kind = 'concurrency')
       FROM admit, durastep.events e
@@ -206,6 +212,8 @@ claim AS (
     SELECT (SELECT k.id FROM kid k), min(c.lease_expires_at), array_agg(c.id), array_agg(c.lease_epoch)
       FROM claimed c HAVING count(*) > 0
     RETURNING id),
+-- Their queue rows (the trigger stays quiet: `queue_noted` flipped).
+dequeued AS (DELETE FROM durastep.run_queue q WHERE q.run_id IN (SELECT c.id FROM claimed c)),
 -- Their history rows, written here: the `runs_history` trigger stays quiet for
 -- rows whose `history_noted` flipped (migration 0020).
 claimed_history AS (

@@ -8,15 +8,20 @@
 -- worker sends after a claim of its class came back short: it reads the due
 -- runs first. The claim it sends after a full one, expecting a backlog, is
 -- this text without its lines that end with `-- few` (`store::claim`): the
--- walk of `runs_due` alone, the statement every claim was before
+-- walk of the due queue alone, the statement every claim was before
 -- 2026-12-04. Two statements, not one with the hint as a parameter: the one
 -- statement with both ways cost busy drains 5-10% (planning it, and starting
 -- both branches' nodes on every execution), although a backlog runs only
 -- the walk (docs/performance.md "Two claim statements").
 --
 -- Written for a generic plan (Postgres plans it once per connection): the candidates are an
--- array built by a sub-select that walks `runs_due` in priority then due
--- order and stops at the limit, and the UPDATE finds its rows by `id = ANY`.
+-- array built by a sub-select that walks the due queue (`run_queue_due`,
+-- migration 0035) in priority then due order, reads each entry's run by its
+-- primary key and stops at the limit, and the UPDATE finds its rows by
+-- `id = ANY`. The claimed runs' queue rows are deleted here, and
+-- `queue_noted` flips so that the trigger that keeps the queue for every
+-- other writer stays quiet: with no index of `runs` changed, the update is
+-- HOT where its page has room.
 -- The clock is read once (an InitPlan), not per row.
 --
 -- Guards, so that a run this statement may not handle is left for the full
@@ -52,23 +57,24 @@ t AS MATERIALIZED (SELECT durastep.now() AS now, set_config('synchronous_commit'
 kid AS MATERIALIZED (SELECT nextval('durastep.run_claims_id_seq') AS id),
 -- After a short claim: every run this claim may take that is due now, in
 -- due order, one more than the claim takes at most: an index scan of
--- `runs_next_due` (ordered by `run_at` alone) ends at the first run not yet
--- due, however many runs sleep or wait behind it. Its conditions are the
+-- `run_queue_next_due` (ordered by `run_at` alone) ends at the first run not
+-- yet due, however many runs sleep or wait behind it. Its conditions are the
 -- walk's below, which must stay alike: a run one of them admits and the
 -- other not would be claimed or left depending on the way taken.
 due AS MATERIALIZED (                                                                     -- few
-    SELECT c.id FROM durastep.runs c                                                      -- few
-     WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t) -- few
-       AND c.function_id = ANY ((SELECT p.functions FROM p)::text[])                      -- few
-       AND (c.function_id, c.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v) -- few
-       AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id) -- few
+    SELECT c.id FROM durastep.run_queue q JOIN durastep.runs c ON c.id = q.run_id         -- few
+     WHERE q.run_at <= (SELECT now FROM t)                                                -- few
+       AND q.function_id = ANY ((SELECT p.functions FROM p)::text[])                      -- few
+       AND (q.function_id, q.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v) -- few
+       AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = q.function_id) -- few
+       AND c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t) -- few
        AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))                -- few
        AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t)) -- few
-     ORDER BY c.run_at                                                                    -- few
+     ORDER BY q.run_at                                                                    -- few
      LIMIT (SELECT p.n FROM p) + 1),                                                      -- few
 -- The due runs, under a new lease epoch: 1 to 2^31 above the last one, at
 -- random. Highest priority first, then earliest due. After a full claim: a
--- walk of `runs_due` in priority then due order, which stops once it has
+-- walk of the due queue in priority then due order, which stops once it has
 -- the claim's runs. After a short one, one of two ways (the count of `due`
 -- decides; the other is never executed):
 -- * all of them fit in this claim: the best of `due`, locked by id (the
@@ -82,7 +88,7 @@ claimed AS (
            lease_expires_at = (SELECT now FROM t) + (SELECT p.lease FROM p),
            worker_id = (SELECT p.worker FROM p), started_at = coalesce(r.started_at, (SELECT now FROM t)),
            park_rule = NULL, park_key = NULL, flow_held = NULL, history_noted = NOT r.history_noted,
-           claim_id = (SELECT k.id FROM kid k)
+           claim_id = (SELECT k.id FROM kid k), queue_noted = NOT r.queue_noted
      WHERE r.id = ANY (ARRAY(
             SELECT a.id FROM (                                                            -- few
                 SELECT c.id FROM durastep.runs c                                          -- few
@@ -94,14 +100,15 @@ claimed AS (
                  FOR UPDATE OF c SKIP LOCKED) a                                           -- few
             UNION ALL                                                                     -- few
             SELECT b.id FROM (                                                            -- few
-            SELECT c.id FROM durastep.runs c
-             WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
-               AND c.function_id = ANY ((SELECT p.functions FROM p)::text[])
-               AND (c.function_id, c.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
-               AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = c.function_id)
+            SELECT c.id FROM durastep.run_queue q JOIN durastep.runs c ON c.id = q.run_id
+             WHERE q.run_at <= (SELECT now FROM t)
+               AND q.function_id = ANY ((SELECT p.functions FROM p)::text[])
+               AND (q.function_id, q.version) IN (SELECT v.* FROM p, unnest(p.version_ids, p.versions) AS v)
+               AND NOT EXISTS (SELECT 1 FROM durastep.function_flow ff WHERE ff.function_id = q.function_id)
+               AND c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= (SELECT now FROM t)
                AND (c.deadline_at IS NULL OR c.deadline_at >= (SELECT now FROM t))
                AND (c.start_by IS NULL OR c.started_at IS NOT NULL OR c.start_by >= (SELECT now FROM t))
-             ORDER BY c.priority DESC, c.run_at
+             ORDER BY q.priority DESC, q.run_at
              LIMIT (SELECT p.n FROM p)
              FOR UPDATE OF c SKIP LOCKED
             ) b WHERE (SELECT count(*) FROM due) > (SELECT p.n FROM p)                    -- few
@@ -115,6 +122,8 @@ claim AS (
     SELECT (SELECT k.id FROM kid k), min(c.lease_expires_at), array_agg(c.id), array_agg(c.lease_epoch)
       FROM claimed c HAVING count(*) > 0
     RETURNING id),
+-- Their queue rows (the trigger stays quiet: `queue_noted` flipped).
+dq AS (DELETE FROM durastep.run_queue q WHERE q.run_id IN (SELECT c.id FROM claimed c)),
 -- Their history rows.
 h AS (
     INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
