@@ -329,7 +329,7 @@ async fn run_cell(db: &BenchDb, engine: &Engine, event: &str, runs: usize, procs
     let started = Instant::now();
     enqueue(engine, event, runs, None).await;
     let enqueue = started.elapsed();
-    sqlx::query("ANALYZE durastep.runs, durastep.events").execute(pool).await.expect("analyze");
+    sqlx::query("ANALYZE durastep.runs, durastep.run_queue, durastep.events").execute(pool).await.expect("analyze");
 
     let statements = Statements::reset(pool).await;
     let start = Start::now(unix_now(), &workers);
@@ -379,7 +379,7 @@ async fn run_cell_warm(
     enqueue(engine, event, runs, Some(due)).await;
     let enqueue = started.elapsed();
     assert!(enqueue < lead, "the enqueue ({enqueue:?}) took longer than its lead ({lead:?})");
-    sqlx::query("ANALYZE durastep.runs, durastep.events").execute(pool).await.expect("analyze");
+    sqlx::query("ANALYZE durastep.runs, durastep.run_queue, durastep.events").execute(pool).await.expect("analyze");
     let t0 = due.timestamp_micros() as f64 / 1e6;
     tokio::time::sleep(Duration::from_secs_f64((t0 - unix_now()).max(0.0))).await;
     let start = Start::now(t0, &workers);
