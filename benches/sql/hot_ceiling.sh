@@ -70,22 +70,16 @@ CREATE TABLE public.due_hot (run_id uuid PRIMARY KEY, priority int NOT NULL, run
 CREATE INDEX ON public.due_hot (priority DESC, run_at);
 CREATE TABLE public.runs_narrow (LIKE durastep.runs INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)
     WITH (fillfactor = 80);
-DO $$
-DECLARE i text;
-BEGIN
-    FOR i IN SELECT indexname FROM pg_indexes WHERE schemaname = 'public' AND tablename = 'runs_narrow'
-                AND (indexdef LIKE '%(priority DESC, run_at) WHERE%' OR indexdef LIKE '%(run_at) WHERE%') LOOP
-        EXECUTE format('DROP INDEX public.%I', i);
-    END LOOP;
-END $$;
 CREATE TABLE public.due_narrow (run_id uuid PRIMARY KEY, priority int NOT NULL, run_at timestamptz NOT NULL);
 CREATE INDEX ON public.due_narrow (priority DESC, run_at);
 CREATE TABLE public.runs_due_at (LIKE durastep.runs INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)
     WITH (fillfactor = 80);
+-- The due queue's two indexes, off the two tables that replace them.
 DO $$
 DECLARE i text;
 BEGIN
-    FOR i IN SELECT indexname FROM pg_indexes WHERE schemaname = 'public' AND tablename = 'runs_due_at'
+    FOR i IN SELECT indexname FROM pg_indexes
+              WHERE schemaname = 'public' AND tablename IN ('runs_narrow', 'runs_due_at')
                 AND (indexdef LIKE '%(priority DESC, run_at) WHERE%' OR indexdef LIKE '%(run_at) WHERE%') LOOP
         EXECUTE format('DROP INDEX public.%I', i);
     END LOOP;

@@ -478,13 +478,7 @@ async fn a_handing_send_inserts_its_run_claimed(_p: PgPoolOptions, opts: PgConne
     let later = engine.inspect().db_now().await.unwrap() + chrono::Duration::days(1);
     engine.send(Event::new("order/placed", &0).start_at(later)).await.unwrap();
     let worker = uuid::Uuid::new_v4();
-    let (ids, versions): (Vec<String>, Vec<i32>) =
-        sqlx::query_as::<_, (String, i32)>("SELECT id, version FROM durastep.functions ORDER BY id")
-            .fetch_all(engine.pool())
-            .await
-            .unwrap()
-            .into_iter()
-            .unzip();
+    let (ids, versions) = handled_versions(&engine).await;
     // One slot (rolled back: its queued run would be due for the next send),
     // two slots (kept), and the same idempotency key again.
     for (slots, idem) in [(1, "one-slot"), (2, "two-slots"), (2, "two-slots")] {
@@ -556,13 +550,7 @@ async fn a_handing_send_inserts_its_run_claimed(_p: PgPoolOptions, opts: PgConne
 async fn a_handing_send_names_its_claim_record(_p: PgPoolOptions, opts: PgConnectOptions) {
     let engine = common::engine(&opts, two_functions()).await;
     let worker = uuid::Uuid::new_v4();
-    let (ids, versions): (Vec<String>, Vec<i32>) =
-        sqlx::query_as::<_, (String, i32)>("SELECT id, version FROM durastep.functions ORDER BY id")
-            .fetch_all(engine.pool())
-            .await
-            .unwrap()
-            .into_iter()
-            .unzip();
+    let (ids, versions) = handled_versions(&engine).await;
     for path in ["by claim (no topic row yet)", "inserted running"] {
         let rows: Vec<(Option<uuid::Uuid>, Option<i64>, Option<i64>)> = sqlx::query_as(
             "SELECT id, lease_epoch, claim
@@ -620,6 +608,17 @@ async fn the_worker_deletes_the_claim_record_of_runs_handed_to_it(_p: PgPoolOpti
     })
     .await;
     w.stop().await;
+}
+
+/// The registered (function, version) pairs, as a worker that runs them all
+/// passes them to the handing send.
+async fn handled_versions(engine: &Engine) -> (Vec<String>, Vec<i32>) {
+    sqlx::query_as::<_, (String, i32)>("SELECT id, version FROM durastep.functions ORDER BY id")
+        .fetch_all(engine.pool())
+        .await
+        .unwrap()
+        .into_iter()
+        .unzip()
 }
 
 /// Rows of `durastep.runs` inserted and updated so far in this transaction.
