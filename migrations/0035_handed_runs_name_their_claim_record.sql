@@ -5,31 +5,24 @@
 -- attempts down, so each record stayed until its first lease had passed
 -- and the reaper deleted it, and every reader of the running runs walked
 -- it meanwhile (under a trickle of handed sends, about a lease's worth of
--- sends: `cancel_on` reads every record's pairs). Both functions now
--- return the record's id in a last column, `claim` (NULL when nothing was
--- handed on), and the worker deletes the record once the handed attempts
--- have stored their ends, as it does a claim's.
+-- sends: `cancel_on` reads every record's pairs). The two functions below
+-- are 0034's with the record's id in one more column of their answer,
+-- `claim` (NULL when nothing was handed on); the worker deletes the record
+-- once the handed attempts have stored their ends, as it does a claim's.
 --
--- A function's result type cannot be changed in place: both are dropped
--- and created again. Their EXECUTE grants are carried over (a role granted
--- EXECUTE on the old function is granted it on the new one; if PUBLIC did
--- not have it, it has not it now). Processes of an earlier version read
--- the answer's columns by name and ignore the new one.
-CREATE TEMPORARY TABLE handing_grants AS
-SELECT p.proname::text AS fn, coalesce(r.rolname, 'PUBLIC') AS grantee
-  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
- CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
-  LEFT JOIN pg_roles r ON r.oid = a.grantee
- WHERE n.nspname = 'durastep' AND p.proname IN ('send_event_handing', 'send_event_handing_by_claim')
-   AND a.privilege_type = 'EXECUTE';
+-- New names, not the old functions redefined: a function's result type
+-- cannot change under a statement a session has prepared (Postgres fails
+-- every later execution of it with "cached plan must not change result
+-- type"), and processes of an earlier version keep theirs prepared. So
+-- `send_event_handing` and `send_event_handing_by_claim` stay as 0034
+-- left them, for those processes, and a role that may execute them may
+-- execute the new pair (their EXECUTE grants are copied below; PUBLIC
+-- keeps or loses it on the new pair as on the old).
 
-DROP FUNCTION durastep.send_event_handing(uuid, text, text, text, integer, uuid, double precision, text[], integer[], integer);
-DROP FUNCTION durastep.send_event_handing_by_claim(
-    uuid, text, text, text, integer, uuid, double precision, text[], integer[], integer);
-
--- The send that hands its run to a worker of its own process (0034), with
--- the id of the claim record of the runs it hands on.
-CREATE FUNCTION durastep.send_event_handing(
+-- The send that hands its run to a worker of its own process: 0034's
+-- `send_event_handing`, with the id of the claim record of the runs it
+-- hands on.
+CREATE FUNCTION durastep.send_event_to_worker(
     p_id uuid, p_name text, p_payload text, p_idem text, p_priority int,
     p_worker uuid, p_lease_s double precision, p_version_ids text[], p_versions int[], p_slots int)
     RETURNS TABLE (sent_id uuid, sent_inserted boolean, sent_run_ids uuid[], sent_n boolean,
@@ -128,14 +121,15 @@ BEGIN
           FROM (SELECT) AS one LEFT JOIN (SELECT * FROM r WHERE r.state = 'running') c ON true;
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM durastep.send_event_handing_by_claim(
+    RETURN QUERY SELECT * FROM durastep.send_event_to_worker_by_claim(
         p_id, p_name, p_payload, p_idem, p_priority, p_worker, p_lease_s, p_version_ids, p_versions, p_slots);
 END
 $fn$;
 
--- The send that hands its run on by a claim (0034), with the id of the
--- claim record of the runs it claims.
-CREATE FUNCTION durastep.send_event_handing_by_claim(
+-- The send that hands its run on by a claim: 0034's
+-- `send_event_handing_by_claim`, with the id of the claim record of the
+-- runs it claims.
+CREATE FUNCTION durastep.send_event_to_worker_by_claim(
     p_id uuid, p_name text, p_payload text, p_idem text, p_priority int,
     p_worker uuid, p_lease_s double precision, p_version_ids text[], p_versions int[], p_slots int)
     RETURNS TABLE (sent_id uuid, sent_inserted boolean, sent_run_ids uuid[], sent_n boolean,
@@ -215,14 +209,27 @@ DECLARE
     g record;
     sig constant text := '(uuid, text, text, text, integer, uuid, double precision, text[], integer[], integer)';
 BEGIN
-    FOR g IN SELECT DISTINCT fn FROM handing_grants LOOP
-        IF NOT EXISTS (SELECT 1 FROM handing_grants h WHERE h.fn = g.fn AND h.grantee = 'PUBLIC') THEN
-            EXECUTE format('REVOKE EXECUTE ON FUNCTION durastep.%I%s FROM PUBLIC', g.fn, sig);
+    FOR g IN
+        SELECT replace(p.proname::text, 'send_event_handing', 'send_event_to_worker') AS fn,
+               coalesce(r.rolname, 'PUBLIC') AS grantee
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+          LEFT JOIN pg_roles r ON r.oid = a.grantee
+         WHERE n.nspname = 'durastep' AND p.proname IN ('send_event_handing', 'send_event_handing_by_claim')
+           AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
+    LOOP
+        IF g.grantee <> 'PUBLIC' THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION durastep.%I%s TO %I', g.fn, sig, g.grantee);
         END IF;
     END LOOP;
-    FOR g IN SELECT fn, grantee FROM handing_grants WHERE grantee <> 'PUBLIC' LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION durastep.%I%s TO %I', g.fn, sig, g.grantee);
+    FOR g IN
+        SELECT p.proname::text AS old FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'durastep' AND p.proname IN ('send_event_handing', 'send_event_handing_by_claim')
+           AND NOT EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+                            WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION durastep.%I%s FROM PUBLIC',
+                       replace(g.old, 'send_event_handing', 'send_event_to_worker'), sig);
     END LOOP;
 END
 $grants$;
-DROP TABLE handing_grants;

@@ -443,11 +443,11 @@ async fn run_as(app: &PgConnectOptions) -> Result<(), String> {
     }
     // The handing send too: the sends above take it only when they find the
     // worker idle, so call it directly: for an event no function takes and
-    // no topic row exists (it calls send_event_handing_by_claim), and for one
+    // no topic row exists (it calls send_event_to_worker_by_claim), and for one
     // whose topic row the sends above created (it inserts the run itself).
     for name in ["role/nobody", "role/go"] {
         sqlx::query(
-            "SELECT * FROM durastep.send_event_handing(gen_random_uuid(), $1, '1', NULL, 0,
+            "SELECT * FROM durastep.send_event_to_worker(gen_random_uuid(), $1, '1', NULL, 0,
                                                        gen_random_uuid(), 30, ARRAY['steps'], ARRAY[0], 1)",
         )
         .bind(name)

@@ -446,7 +446,7 @@ async fn a_handing_send_probes_the_due_index_not_the_table(_p: PgPoolOptions, op
         .unwrap();
     let before = runs_seq_scans(&mut tx).await;
     let handed: Option<uuid::Uuid> = sqlx::query_scalar(
-        "SELECT id FROM durastep.send_event_handing(gen_random_uuid(), 'ping', '1', NULL, 0, gen_random_uuid(), 30,
+        "SELECT id FROM durastep.send_event_to_worker(gen_random_uuid(), 'ping', '1', NULL, 0, gen_random_uuid(), 30,
                                                     ARRAY['echo'], ARRAY[$1], 1)",
     )
     .bind(version)
@@ -459,7 +459,7 @@ async fn a_handing_send_probes_the_due_index_not_the_table(_p: PgPoolOptions, op
     assert_eq!(after - before, 0, "the handing send scanned durastep.runs");
 }
 
-/// One row of `send_event_handing`'s answer: whether the event was new,
+/// One row of `send_event_to_worker`'s answer: whether the event was new,
 /// whether the workers were not notified, the new runs, and a run handed on
 /// with its epoch (none in a row without one).
 type HandingAnswer = (bool, bool, Vec<uuid::Uuid>, Option<uuid::Uuid>, Option<i64>);
@@ -488,7 +488,7 @@ async fn a_handing_send_inserts_its_run_claimed(_p: PgPoolOptions, opts: PgConne
         let before = runs_writes(&mut tx).await;
         let rows: Vec<HandingAnswer> = sqlx::query_as(
             "SELECT sent_inserted, sent_n, sent_run_ids, id, lease_epoch
-               FROM durastep.send_event_handing(gen_random_uuid(), 'order/placed', '{}', $1, 0, $2, 30, $3, $4, $5)",
+               FROM durastep.send_event_to_worker(gen_random_uuid(), 'order/placed', '{}', $1, 0, $2, 30, $3, $4, $5)",
         )
         .bind(idem)
         .bind(worker)
@@ -543,7 +543,7 @@ async fn a_handing_send_inserts_its_run_claimed(_p: PgPoolOptions, opts: PgConne
 /// Catches: a handing send whose answer does not name the claim record of
 /// the runs it handed on (migration 0035), on either of its paths: the run
 /// inserted running (the name's topic row exists) and the run inserted
-/// queued, then claimed (no topic row yet: `send_event_handing_by_claim`).
+/// queued, then claimed (no topic row yet: `send_event_to_worker_by_claim`).
 /// Without the id, the worker cannot delete the record when the runs end,
 /// and it stays until its lease has passed.
 #[sqlx::test(migrations = false)]
@@ -554,7 +554,7 @@ async fn a_handing_send_names_its_claim_record(_p: PgPoolOptions, opts: PgConnec
     for path in ["by claim (no topic row yet)", "inserted running"] {
         let rows: Vec<(Option<uuid::Uuid>, Option<i64>, Option<i64>)> = sqlx::query_as(
             "SELECT id, lease_epoch, claim
-               FROM durastep.send_event_handing(gen_random_uuid(), 'order/placed', '{}', NULL, 0, $1, 30, $2, $3, 2)",
+               FROM durastep.send_event_to_worker(gen_random_uuid(), 'order/placed', '{}', NULL, 0, $1, 30, $2, $3, 2)",
         )
         .bind(worker)
         .bind(&ids)

@@ -222,7 +222,7 @@ pub(super) enum Records {
     /// The arrays of `run_records.sql` (the claims).
     Stored,
     /// Runs the statement itself created (the send that hands its runs to a
-    /// worker, `durastep.send_event_handing`): nothing is stored for them
+    /// worker, `durastep.send_event_to_worker`): nothing is stored for them
     /// yet, and the function returns constant empty arrays in the columns
     /// before migration 0029's, which are not read.
     New,

@@ -143,7 +143,8 @@ pub(crate) struct HandTo<'a> {
 /// Sends one event due now, as [`insert_events`] does, and in the same
 /// transaction claims for the worker `to` the runs it created that the fast
 /// claim would give that worker, when no other run is due
-/// (`durastep.send_event_handing`, migrations 0024 and 0025): they come back
+/// (`durastep.send_event_to_worker`, migrations 0024, 0025 and 0035, which
+/// also names the claim record of the runs it hands on): they come back
 /// claimed (inserted `running` when the send needs none of the fan-out's
 /// rarer work), and no other worker can ever see them queued. Its own
 /// transaction: one round trip, one commit.
@@ -152,7 +153,7 @@ pub(crate) async fn insert_event_handing(
     event: &NewEvent,
     to: &HandTo<'_>,
 ) -> Result<(Sent, Vec<ClaimedRun>), sqlx::Error> {
-    let rows = sqlx::query("SELECT * FROM durastep.send_event_handing($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+    let rows = sqlx::query("SELECT * FROM durastep.send_event_to_worker($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
         .bind(event.id)
         .bind(&event.name)
         .bind(&event.payload)
