@@ -364,3 +364,48 @@ fn definitions_are_found_with_their_bodies() {
     assert_eq!(r, vec![("f".to_owned(), "g".to_owned(), 0)]);
     assert_eq!(view_query(sql, v[0].1), " SELECT (1) AS x -- a comment; with a semicolon\n FROM t WHERE y = ';'");
 }
+
+/// Catches: migration 0035 leaving the renamed handing sends
+/// (`send_event_to_worker`, `send_event_to_worker_by_claim`) without the
+/// grants of the pair they replace, or open to PUBLIC where the old pair was
+/// not: a deployment whose runtime role was granted the old pair (the
+/// recipe of docs/security.md before 0035) would fail every handing send
+/// after the upgrade, or a locked-down one would be opened. The database is
+/// migrated to 0034, locked down and granted as that recipe did, then
+/// migrated on.
+#[sqlx::test(migrations = false)]
+async fn the_renamed_handing_sends_take_the_old_pair_s_grants(pool: PgPool) {
+    let mut before = sqlx::migrate!("../../migrations");
+    before.create_schema("durastep");
+    before.dangerous_set_table_name("durastep._migrations");
+    before.run_to(34, &pool).await.expect("migrate to 0034");
+    let role = format!("durastep_grants_{}", uuid::Uuid::new_v4().simple());
+    let sig = "(uuid, text, text, text, integer, uuid, double precision, text[], integer[], integer)";
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role};
+         REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA durastep FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION durastep.send_event_handing{sig}, durastep.send_event_handing_by_claim{sig}
+            TO {role}"
+    )))
+    .execute(&pool)
+    .await
+    .expect("the grants of 0034's recipe");
+    durastep::migrate(&pool).await.expect("migrate on");
+    let granted: Vec<(String, bool, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT p.proname::text, has_function_privilege('{role}', p.oid, 'EXECUTE'),
+                has_function_privilege('public', p.oid, 'EXECUTE')
+           FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+          WHERE n.nspname = 'durastep' AND p.proname LIKE 'send_event_to_worker%' ORDER BY 1"
+    )))
+    .fetch_all(&pool)
+    .await
+    .expect("the new pair's grants");
+    // The role goes before the verdict: it is the cluster's, not the test database's.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP OWNED BY {role}; DROP ROLE {role}")))
+        .execute(&pool)
+        .await
+        .expect("drop the role");
+    let expected = [("send_event_to_worker", true, false), ("send_event_to_worker_by_claim", true, false)];
+    let expected: Vec<(String, bool, bool)> = expected.iter().map(|(f, r, p)| ((*f).to_owned(), *r, *p)).collect();
+    assert_eq!(granted, expected, "(function, the role may execute it, PUBLIC may)");
+}
