@@ -204,32 +204,26 @@ BEGIN
 END
 $fn$;
 
+-- The new pair's EXECUTE grants: those of the old pair, function by function.
+-- Taken away from PUBLIC first (a new function is PUBLIC's by default), then
+-- given to every grantee of the old one, PUBLIC included.
 DO $grants$
 DECLARE
     g record;
     sig constant text := '(uuid, text, text, text, integer, uuid, double precision, text[], integer[], integer)';
 BEGIN
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION durastep.send_event_to_worker%s, '
+                   'durastep.send_event_to_worker_by_claim%s FROM PUBLIC', sig, sig);
     FOR g IN
         SELECT replace(p.proname::text, 'send_event_handing', 'send_event_to_worker') AS fn,
-               coalesce(r.rolname, 'PUBLIC') AS grantee
+               CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END AS grantee
           FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
          CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
           LEFT JOIN pg_roles r ON r.oid = a.grantee
          WHERE n.nspname = 'durastep' AND p.proname IN ('send_event_handing', 'send_event_handing_by_claim')
            AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
     LOOP
-        IF g.grantee <> 'PUBLIC' THEN
-            EXECUTE format('GRANT EXECUTE ON FUNCTION durastep.%I%s TO %I', g.fn, sig, g.grantee);
-        END IF;
-    END LOOP;
-    FOR g IN
-        SELECT p.proname::text AS old FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-         WHERE n.nspname = 'durastep' AND p.proname IN ('send_event_handing', 'send_event_handing_by_claim')
-           AND NOT EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
-                            WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
-    LOOP
-        EXECUTE format('REVOKE EXECUTE ON FUNCTION durastep.%I%s FROM PUBLIC',
-                       replace(g.old, 'send_event_handing', 'send_event_to_worker'), sig);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION durastep.%I%s TO %s', g.fn, sig, g.grantee);
     END LOOP;
 END
 $grants$;

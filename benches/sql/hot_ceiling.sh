@@ -110,8 +110,9 @@ SQL
 # One round: `c` (the claim's candidates, from the variant's queue), then the
 # claim and the completion, the same for every variant but for their table and
 # what the claim records of its runs ($3: `claim` a claim record, `lease` a
-# lease row per run, deleted by the completion, `none` nothing).
-round_script() { # table, candidates CTE, record
+# lease row per run, deleted by the completion, `none` nothing) and, with a
+# queue table ($4), the claimed runs' rows deleted from it by id.
+round_script() { # table, candidates CTE, record, queue table
   cat <<SQL
 WITH c AS ($2),
 u AS (UPDATE public.$1 r
@@ -124,6 +125,9 @@ SQL
         SELECT min(lease_expires_at), array_agg(id), array_agg(lease_epoch) FROM u HAVING count(*) > 0)" ;;
     lease) echo ", k AS (INSERT INTO public.leases SELECT id, lease_expires_at FROM u)" ;;
   esac
+  if [ -n "${4:-}" ]; then
+    echo ", dq AS (DELETE FROM public.$4 q WHERE q.run_id IN (SELECT id FROM u))"
+  fi
   cat <<SQL
 SELECT array_agg(id)::text AS ids FROM u \gset
 UPDATE public.$1 r SET state = 'completed', finished_at = now(), output = 'null', lease_expires_at = NULL,
@@ -134,31 +138,18 @@ SQL
     echo "DELETE FROM public.leases WHERE run_id = ANY (:ids::uuid[]);"
   fi
 }
-# The engine's way with a narrow queue: the queue walked and joined to the
-# runs, the runs locked (their state tested again on the locked version),
-# and the claimed runs' queue rows deleted by id in the same statement.
-joined_script() { # table, due table
-  cat <<SQL
-WITH c AS (SELECT r.id FROM public.$2 q JOIN public.$1 r ON r.id = q.run_id
-            WHERE q.run_at <= now() AND r.state IN ('queued', 'sleeping', 'waiting') AND r.run_at <= now()
-            ORDER BY q.priority DESC, q.run_at LIMIT 32 FOR UPDATE OF r SKIP LOCKED),
-u AS (UPDATE public.$1 r
-         SET state = 'running', lease_epoch = r.lease_epoch + 1, worker_id = '00000000-0000-0000-0000-000000000001',
-             lease_expires_at = now() + interval '30 s', started_at = coalesce(r.started_at, now())
-        FROM c WHERE r.id = c.id RETURNING r.id, r.lease_epoch, r.lease_expires_at),
-k AS (INSERT INTO public.claims (recheck_at, run_ids, epochs)
-        SELECT min(lease_expires_at), array_agg(id), array_agg(lease_epoch) FROM u HAVING count(*) > 0),
-d AS (DELETE FROM public.$2 q WHERE q.run_id IN (SELECT id FROM u))
-SELECT array_agg(id)::text AS ids FROM u \gset
-UPDATE public.$1 r SET state = 'completed', finished_at = now(), output = 'null', lease_expires_at = NULL,
-       worker_id = NULL
- WHERE r.id = ANY (:ids::uuid[]);
-SQL
-}
 walk() { # table
   echo "SELECT id FROM public.$1
      WHERE state IN ('queued', 'sleeping', 'waiting') AND run_at <= now()
      ORDER BY priority DESC, run_at LIMIT 32 FOR UPDATE SKIP LOCKED"
+}
+# The engine's way with a narrow queue: the queue walked and joined to the
+# runs, the runs locked (their state tested again on the locked version);
+# round_script deletes the claimed runs' queue rows.
+joined() { # table, due table
+  echo "SELECT r.id FROM public.$2 q JOIN public.$1 r ON r.id = q.run_id
+     WHERE q.run_at <= now() AND r.state IN ('queued', 'sleeping', 'waiting') AND r.run_at <= now()
+     ORDER BY q.priority DESC, q.run_at LIMIT 32 FOR UPDATE OF r SKIP LOCKED"
 }
 narrow() { # due table
   echo "DELETE FROM public.$1 WHERE run_id IN (
@@ -171,7 +162,7 @@ round_script runs_before "$(walk runs_before)" none >"$tmp/before.sql"
 round_script runs_narrow "$(narrow due_narrow)" claim >"$tmp/narrow.sql"
 round_script runs_hot "$(narrow due_hot)" claim >"$tmp/hot.sql"
 round_script runs_hot "$(narrow due_hot)" lease >"$tmp/leases.sql"
-joined_script runs_hot due_hot >"$tmp/joined.sql"
+round_script runs_hot "$(joined runs_hot due_hot)" claim due_hot >"$tmp/joined.sql"
 round_script runs_due_at "SELECT id FROM public.runs_due_at WHERE due_at <= now()
      ORDER BY priority DESC, due_at LIMIT 32 FOR UPDATE SKIP LOCKED" claim >"$tmp/due_at.sql"
 for round in $(seq 1 "$rounds"); do

@@ -52,11 +52,11 @@ impl ClaimTally {
     }
 }
 
-/// The tally of the record of `claimed`, the runs of one claim statement
-/// (one record lists them all; None when the statement wrote none).
+/// The tally of the record of `claimed`, the runs of one claim statement or
+/// handing send (one record lists them all; None when it started none).
 pub(crate) fn tally(claimed: &[ClaimedRun], ended: &Arc<EndedClaims>) -> Option<Arc<ClaimTally>> {
-    let id = claimed.first()?.claim?;
-    debug_assert!(claimed.iter().all(|r| r.claim == Some(id)), "one record per claim statement");
+    let id = claimed.first()?.claim;
+    debug_assert!(claimed.iter().all(|r| r.claim == id), "one record per claim statement");
     Some(Arc::new(ClaimTally { id, left: AtomicUsize::new(claimed.len()), ended: ended.clone() }))
 }
 

@@ -67,9 +67,9 @@ pub(crate) struct ClaimedRun {
     pub place: QueuePlace,
     /// The claim record (`run_claims`) that lists this attempt, for the
     /// worker to delete once every attempt in it has ended: the claim's, or
-    /// the handing send's (migration 0035). None: the statement returned
-    /// none.
-    pub claim: Option<i64>,
+    /// the handing send's (migration 0035). Every statement that starts
+    /// attempts writes one, so a claimed run always has it.
+    pub claim: i64,
 }
 
 /// Where a run stands in the due queue: claims take runs by priority (highest
@@ -245,7 +245,8 @@ pub(super) fn claimed_runs(
             Records::Stored => records_of(&row)?,
             Records::New => Default::default(),
         };
-        // The statement's claim record (NULL: it wrote none).
+        // The statement's claim record (NULL only in the row of a statement
+        // that started nothing, which has no run).
         let claim = row.try_get("claim")?;
         claimed.push(ClaimedRun {
             id,
