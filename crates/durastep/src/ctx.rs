@@ -930,9 +930,10 @@ impl Ctx {
                     "send-event-before-insert",
                     Err(HandlerError::new("failpoint send-event-before-insert"))
                 );
-                let (mut receipts, _) = crate::event::insert(conn, std::slice::from_ref(&prepared))
-                    .await
-                    .map_err(|e| HandlerError::new(format!("send failed: {e}")))?;
+                let (mut receipts, _) =
+                    crate::event::insert(conn, std::slice::from_ref(&prepared), crate::store::Route::Queue)
+                        .await
+                        .map_err(|e| HandlerError::new(format!("send failed: {e}")))?;
                 Ok(receipts.remove(0))
             },
             name,

@@ -142,7 +142,9 @@ impl Engine {
                 // Every new run handed on: nothing for the other workers here.
                 (receipts, notified && queued)
             }
-            None => insert(&mut conn, &prepared).await?,
+            // Else, one event due now: to an idle worker of another process,
+            // if one offered its slots (`store::Route::Offers`).
+            None => insert(&mut conn, &prepared, store::Route::Offers).await?,
         };
         if notified {
             // Committed: the workers of this process claim now, without
@@ -175,7 +177,7 @@ impl Engine {
         let prepared = self.prepare(std::slice::from_ref(&event))?;
         // Not committed yet: the workers learn of its runs from the NOTIFY,
         // which Postgres delivers when (and only if) the caller commits.
-        let (mut receipts, _) = insert(conn, &prepared).await?;
+        let (mut receipts, _) = insert(conn, &prepared, store::Route::Queue).await?;
         Ok(receipts.remove(0))
     }
 

@@ -209,8 +209,9 @@ pub struct SendReceipt {
 pub(crate) async fn insert(
     conn: &mut PgConnection,
     events: &[store::NewEvent],
+    route: store::Route,
 ) -> Result<(Vec<SendReceipt>, bool), Error> {
-    let sent = store::insert_events(conn, events).await.map_err(from_sqlx)?;
+    let sent = store::insert_events(conn, events, route).await.map_err(from_sqlx)?;
     Ok(receipts_of(sent))
 }
 

@@ -153,17 +153,26 @@ impl Offer {
         store::HandTo { worker_id: h.worker_id, lease: h.lease, functions: &h.functions.fast, slots: self.slots }
     }
 
-    /// Hands the runs the send claimed to the worker; a run it can no longer
-    /// take (it stopped meanwhile) is released at once, keeping its place.
+    /// Hands the runs the send claimed to the worker.
     pub(crate) async fn hand_over(self, pool: &PgPool, runs: Vec<ClaimedRun>, sent: Instant) {
+        self.handoff.deliver(pool, runs, sent).await;
+    }
+}
+
+impl Handoff {
+    /// Gives the worker runs a send claimed for it (of this process, or of
+    /// another one through its offer, `crate::offers`), all listed in one
+    /// claim record; their leases count from `sent`. A run it can no longer
+    /// take (it stopped meanwhile) is released at once, keeping its place.
+    pub(crate) async fn deliver(&self, pool: &PgPool, runs: Vec<ClaimedRun>, sent: Instant) {
         let received = Instant::now();
-        let tally = claim_records::tally(&runs, &self.handoff.ended);
+        let tally = claim_records::tally(&runs, &self.ended);
         for run in runs {
             // `error`: refused, as by a worker that stopped.
             let run = if crate::failpoint_fires!("hand-over") {
                 run
             } else {
-                match self.handoff.runs.send(Handed { run, sent, received, tally: tally.clone() }) {
+                match self.runs.send(Handed { run, sent, received, tally: tally.clone() }) {
                     Ok(()) => continue,
                     Err(refused) => refused.0.run,
                 }

@@ -170,6 +170,7 @@ mod journal;
 mod kept;
 pub mod limits;
 pub mod metrics;
+mod offers;
 #[cfg(feature = "testing")]
 mod probe;
 mod run;

@@ -28,6 +28,7 @@ use crate::journal::Journal;
 use crate::kept::Kept;
 use crate::limits;
 use crate::metrics;
+use crate::offers::Offers;
 use crate::shared::EngineInner;
 use crate::store::{self, ClaimedRun, Fence, PendingWrite, WriteOutcome};
 use crate::supervise::{panic_message, spawn_supervised};
@@ -80,6 +81,9 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         let (handoff, mut handed) =
             Handoff::new(wake.clone(), worker_id, opts.lease, classes.clone(), ended_claims.clone());
         engine.local_workers.register(&handoff);
+        // Its offer to the sends of other processes: only while it listens,
+        // since a send tells it of the runs it hands on by a notification.
+        let offers = opts.listen.then(|| Offers::new(worker_id, opts.lease, classes.fast.clone()));
         let slot_freed = Arc::new(Turnover::default());
         let waiting_lost = Arc::new(Notify::new());
         let stop_background = CancellationToken::new();
@@ -107,9 +111,15 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         if opts.listen {
             background.push(tokio::spawn(listen_loop(
                 engine.clone(),
-                wake.clone(),
-                classes.clone(),
-                held.clone(),
+                Listening { wake: wake.clone(), classes: classes.clone(), held: held.clone(), handoff: handoff.clone() },
+                offers.clone(),
+                stop_background.clone(),
+            )));
+        }
+        if let Some(offers) = &offers {
+            background.push(tokio::spawn(crate::offers::publish_loop(
+                engine.pool.clone(),
+                offers.clone(),
                 stop_background.clone(),
             )));
         }
@@ -274,7 +284,11 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 && claims.is_empty()
                 && ready.is_empty()
                 && !classes.fast.ids.is_empty();
-            handoff.offer(if idle_waiting { slots.available_permits() } else { 0 });
+            let offered = if idle_waiting { slots.available_permits() } else { 0 };
+            handoff.offer(offered);
+            if let Some(offers) = &offers {
+                offers.set(offered);
+            }
             let held_until = [backoff_until, class_held[0], class_held[1]].into_iter().flatten().min();
             let sleep_until = held_until.unwrap_or_else(|| tokio::time::Instant::now() + opts.poll_interval);
             let give_back_at =
@@ -353,7 +367,14 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     }
                 }
                 Some(h) = handed.recv() => {
-                    // Claimed for this worker by a send of its process: held from now.
+                    // Claimed for this worker by a send (of its process, or of
+                    // another through its offer): held from now. A run it holds
+                    // already (a hand-over named twice: anyone may NOTIFY) is
+                    // not started twice.
+                    if lock(&held).contains_key(&h.run.id) {
+                        tracing::warn!(run_id = %h.run.id, "a run handed over twice; ignored");
+                        continue;
+                    }
                     let r = hold(&held, &waiting_lost, h.run, h.sent, h.received, true);
                     enqueue(&mut ready, Ready { tally: h.tally, ..r });
                 }
@@ -1190,16 +1211,18 @@ async fn sample_queue_depth(engine: &EngineInner) {
 /// heartbeat); reconnects with backoff. Polling and heartbeats cover any gap.
 async fn listen_loop(
     engine: Arc<EngineInner>,
-    wake: Arc<Wake>,
-    classes: Arc<ClaimClasses>,
-    held: HeldRuns,
+    Listening { wake, classes, held, handoff }: Listening,
+    offers: Option<Arc<Offers>>,
     stop: CancellationToken,
 ) {
     let mut backoff = Duration::from_millis(100);
+    let hand_channel = offers.as_ref().map(|o| o.channel().to_owned());
     loop {
         let listener = async {
             let mut l = sqlx::postgres::PgListener::connect_with(&engine.control_pool).await?;
-            l.listen_all([store::WAKEUP_CHANNEL, store::CANCEL_CHANNEL]).await?;
+            l.listen_all([store::WAKEUP_CHANNEL, store::CANCEL_CHANNEL].into_iter().chain(hand_channel.as_deref()))
+                .await?;
+            hold_key(&mut l, offers.as_deref()).await?;
             Ok::<_, sqlx::Error>(l)
         };
         let mut listener = tokio::select! {
@@ -1224,14 +1247,55 @@ async fn listen_loop(
             tokio::select! {
                 n = listener.try_recv() => match n {
                     Ok(Some(n)) if n.channel() == store::CANCEL_CHANNEL => drop_cancelled(&held, n.payload()),
+                    Ok(Some(n)) if Some(n.channel()) == hand_channel.as_deref() => {
+                        if let Some(offers) = &offers {
+                            tokio::spawn(crate::offers::take_handed(
+                                engine.pool.clone(),
+                                offers.clone(),
+                                handoff.clone(),
+                                n.payload().to_owned(),
+                            ));
+                        }
+                    }
                     Ok(Some(n)) => wake.classes(classes.woken_by(n.payload())),
-                    Ok(None) => wake.classes([true, true]), // connection lost and re-established by sqlx
+                    Ok(None) => {
+                        // Connection lost and re-established by sqlx: the old
+                        // connection's lock went with it.
+                        wake.classes([true, true]);
+                        if hold_key(&mut listener, offers.as_deref()).await.is_err() {
+                            break;
+                        }
+                    }
                     Err(_) => break,
                 },
                 _ = stop.cancelled() => return,
             }
         }
+        if let Some(offers) = &offers {
+            offers.not_listening();
+        }
     }
+}
+
+/// What the listener serves: the claim loop's wake-up, for the classes of
+/// the functions a notification names; the held runs, which a cancel drops;
+/// and the worker's hand-off, for the runs a send of another process hands it.
+struct Listening {
+    wake: Arc<Wake>,
+    classes: Arc<ClaimClasses>,
+    held: HeldRuns,
+    handoff: Arc<Handoff>,
+}
+
+/// Makes the listener's connection hold a new key of the worker's offer
+/// (`crate::offers`): its offer is good while this connection lives.
+async fn hold_key(listener: &mut sqlx::postgres::PgListener, offers: Option<&Offers>) -> Result<(), sqlx::Error> {
+    let Some(offers) = offers else { return Ok(()) };
+    offers.not_listening();
+    let key = crate::offers::new_key();
+    store::hold_listener_key(listener, key).await?;
+    offers.listening(key);
+    Ok(())
 }
 
 /// A cancel announced on [`store::CANCEL_CHANNEL`] (`<run id>:<lease epoch>`):
@@ -1310,7 +1374,7 @@ async fn cron_tick(engine: &EngineInner, ids: &[String]) -> Result<usize, Error>
     }
     let fired = events.len();
     if fired > 0 {
-        crate::event::insert(&mut tx, &events).await?;
+        crate::event::insert(&mut tx, &events, store::Route::Queue).await?;
     }
     tx.commit().await.map_err(from_sqlx)?;
     if fired > 0 {

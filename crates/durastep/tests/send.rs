@@ -237,7 +237,10 @@ async fn a_send_wakes_the_worker_of_its_own_process(_p: PgPoolOptions, opts: PgC
         let run = common::finished(&engine, receipt.run_ids[0]).await;
         assert_eq!(run.state, RunState::Completed, "{run:?}");
         assert_eq!(run.output, Some(json!(n)));
-        assert!(!handed_by_its_send(&engine, receipt.run_ids[0], receipt.event_id).await, "a batch handed a run on");
+        assert!(
+            !common::handed_by_its_send(&engine, receipt.run_ids[0], receipt.event_id).await,
+            "a batch handed a run on"
+        );
     }
     w.stop().await;
 }
@@ -316,41 +319,6 @@ async fn a_plain_send_takes_the_lean_branch_and_the_others_the_full_one(_p: PgPo
     assert_eq!(run.state, RunState::Completed, "{run:?}");
 }
 
-/// Whether the send of `event_id` claimed the run itself (handed it to a
-/// worker of its process): the run's first `running` history row was written
-/// by the send's own transaction.
-async fn handed_by_its_send(engine: &Engine, run_id: uuid::Uuid, event_id: uuid::Uuid) -> bool {
-    sqlx::query_scalar(
-        "SELECT (SELECT h.xmin::text FROM durastep.run_history h WHERE h.run_id = $1 AND h.state = 'running'
-                  ORDER BY h.seq LIMIT 1)
-              = (SELECT e.xmin::text FROM durastep.events e WHERE e.id = $2)",
-    )
-    .bind(run_id)
-    .bind(event_id)
-    .fetch_one(engine.pool())
-    .await
-    .unwrap()
-}
-
-/// Sends `event` through `engine` until a send hands its run to the idle
-/// worker of the process (the worker offers its slots once its last claim
-/// found nothing due); each run must complete once with its input. Returns
-/// how many sends it took. Between sends it waits longer each time (20 ms,
-/// 40 ms, ... up to 1 s), so that a busy machine's slow empty claim delays
-/// the offer, not the test's verdict.
-async fn send_until_handed(engine: &Engine, name: &str) -> usize {
-    for i in 1..=50 {
-        let receipt = engine.send(Event::new(name, &json!({"i": i}))).await.unwrap();
-        let run = common::finished(engine, receipt.run_ids[0]).await;
-        assert_eq!(run.output, Some(json!({"i": i})), "{run:?}");
-        if handed_by_its_send(engine, receipt.run_ids[0], receipt.event_id).await {
-            return i;
-        }
-        tokio::time::sleep(Duration::from_millis(20 * i.min(50) as u64)).await;
-    }
-    panic!("no send handed its run to the idle worker of its process in 50 sends");
-}
-
 /// Catches: a send through an engine whose worker waits idle that leaves its
 /// run queued for a claim (the handoff of migration 0024 not taken), and a
 /// handed run that does not run, or runs twice.
@@ -362,16 +330,10 @@ async fn a_send_hands_its_run_to_an_idle_worker_of_its_process(_p: PgPoolOptions
     )
     .await;
     let w = common::spawn_worker(&engine);
-    send_until_handed(&engine, "ping").await;
+    common::send_until_handed(&engine, "ping").await;
     w.stop().await;
     // Each run was claimed once: by its send or by the worker, never both.
-    let claims: Vec<i64> = sqlx::query_scalar(
-        "SELECT count(*) FILTER (WHERE h.state = 'running') FROM durastep.runs r
-           JOIN durastep.run_history h ON h.run_id = r.id GROUP BY r.id",
-    )
-    .fetch_all(engine.pool())
-    .await
-    .unwrap();
+    let claims = common::claims_per_run(&engine).await;
     assert!(claims.iter().all(|&n| n == 1), "a run claimed more than once: {claims:?}");
 }
 
@@ -389,7 +351,7 @@ async fn a_send_hands_its_run_to_an_idle_worker_with_both_claim_classes(_p: PgPo
         .handler(|_ctx: Ctx, v: Value| async move { Ok(v) });
     let engine = common::engine(&opts, vec![echo, limited]).await;
     let w = common::spawn_worker(&engine);
-    send_until_handed(&engine, "ping").await;
+    common::send_until_handed(&engine, "ping").await;
     w.stop().await;
 }
 
@@ -403,7 +365,7 @@ async fn a_send_does_not_hand_on_its_run_while_another_is_due(_p: PgPoolOptions,
     let elsewhere = common::engine(&opts, vec![Function::new("elsewhere").on_event("other").handler(echo)]).await;
     let w = common::spawn_worker(&engine);
     // The setup can hand runs on ...
-    send_until_handed(&engine, "ping").await;
+    common::send_until_handed(&engine, "ping").await;
     // ... until a run is due that this worker does not take.
     let due = elsewhere.send(Event::new("other", &0)).await.unwrap().run_ids[0];
     for i in 0..10 {
@@ -411,7 +373,7 @@ async fn a_send_does_not_hand_on_its_run_while_another_is_due(_p: PgPoolOptions,
         let run = common::finished(&engine, receipt.run_ids[0]).await;
         assert_eq!(run.output, Some(json!({"i": i})), "{run:?}");
         assert!(
-            !handed_by_its_send(&engine, receipt.run_ids[0], receipt.event_id).await,
+            !common::handed_by_its_send(&engine, receipt.run_ids[0], receipt.event_id).await,
             "send {i} handed its run on while run {due} was due"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -601,7 +563,7 @@ async fn the_worker_deletes_the_claim_record_of_runs_handed_to_it(_p: PgPoolOpti
     let echo = Function::new("echo").on_event("ping").handler(|_ctx: Ctx, v: Value| async move { Ok(v) });
     let engine = common::engine_with(&opts, vec![echo], options).await;
     let w = common::spawn_worker(&engine);
-    send_until_handed(&engine, "ping").await;
+    common::send_until_handed(&engine, "ping").await;
     common::wait_until("the worker to delete every claim record", || {
         let engine = engine.clone();
         async move { common::count(&engine, "durastep.run_claims").await == 0 }

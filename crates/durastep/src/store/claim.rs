@@ -6,6 +6,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use serde::Deserialize;
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
@@ -96,6 +97,7 @@ impl ClaimedRun {
 
 /// What a worker has handlers for: its function ids, and every (function,
 /// version) pair it registers (`version_ids[i]` at `versions[i]`).
+#[derive(Clone)]
 pub(crate) struct Handled {
     pub ids: Vec<String>,
     pub version_ids: Vec<String>,
@@ -360,3 +362,111 @@ mod tests {
         assert!(!early.before(&urgent_late));
     }
 }
+
+/// What a send tells the worker it handed runs to, on the worker's channel
+/// (`durastep.send_events_offered`): the claim record, the database's clock
+/// at the send, the event, its payload (left out, `cut`, when the
+/// notification would pass Postgres' limit), and each run.
+#[derive(Debug, Deserialize)]
+pub(crate) struct HandNotice {
+    claim: i64,
+    now: DateTime<Utc>,
+    event: Uuid,
+    #[serde(default)]
+    payload: Value,
+    #[serde(default)]
+    cut: bool,
+    runs: Vec<NoticeRun>,
+}
+
+#[derive(Debug, Deserialize)]
+struct NoticeRun {
+    id: Uuid,
+    epoch: i64,
+    function: String,
+    version: i32,
+    attempt: i32,
+    priority: i32,
+    run_at: DateTime<Utc>,
+}
+
+impl HandNotice {
+    /// A notice as the send wrote it; None for anything else (anyone may NOTIFY).
+    pub(crate) fn parse(text: &str) -> Option<HandNotice> {
+        serde_json::from_str::<HandNotice>(text).ok().filter(|n| !n.runs.is_empty())
+    }
+
+    /// How many runs it names.
+    pub(crate) fn len(&self) -> usize {
+        self.runs.len()
+    }
+}
+
+/// A run a send of any process claimed for this worker, with how much of its
+/// lease was left when the worker read it (None: not read; it was claimed
+/// when its notice was sent).
+pub(crate) struct HandedRun {
+    pub run: ClaimedRun,
+    pub lease_left: Option<Duration>,
+}
+
+/// The runs a send handed to `worker_id`: from its notice when that is
+/// whole; else read, those still running under that epoch for this worker,
+/// with their input as a claim returns it (a new run has no stored steps;
+/// the arrays are read all the same).
+pub(crate) async fn handed_runs(
+    pool: &PgPool,
+    worker_id: Uuid,
+    notice: HandNotice,
+) -> Result<Vec<HandedRun>, sqlx::Error> {
+    if !notice.cut {
+        let HandNotice { claim, now, event, payload, runs, .. } = notice;
+        return Ok(runs
+            .into_iter()
+            .map(|r| HandedRun {
+                run: ClaimedRun {
+                    id: r.id,
+                    function_id: r.function,
+                    version: r.version,
+                    event_id: event,
+                    attempt: r.attempt,
+                    fence: Fence { run_id: r.id, epoch: r.epoch },
+                    payload: payload.clone(),
+                    steps: HashMap::new(),
+                    journal: BTreeMap::new(),
+                    parent: None,
+                    db_now: now,
+                    place: QueuePlace { priority: r.priority, run_at: r.run_at },
+                    claim,
+                },
+                lease_left: None,
+            })
+            .collect());
+    }
+    let (ids, epochs): (Vec<Uuid>, Vec<i64>) = notice.runs.iter().map(|r| (r.id, r.epoch)).unzip();
+    let rows = sqlx::query(HANDED).bind(&ids).bind(&epochs).bind(worker_id).bind(notice.claim).fetch_all(pool).await?;
+    let lease_left: Vec<f64> = rows.iter().map(|r| r.try_get("lease_left")).collect::<Result<_, _>>()?;
+    let (runs, _) = claimed_runs(rows, Records::Stored)?;
+    Ok(runs
+        .into_iter()
+        .zip(lease_left)
+        .map(|(run, left)| HandedRun { run, lease_left: Some(Duration::from_secs_f64(left.clamp(0.0, 1e9))) })
+        .collect())
+}
+
+/// The handed runs read back: the columns of a claim's answer, and the
+/// lease left (`run_records.sql` appends the stored steps and journal).
+const HANDED: &str = concat!(
+    "SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, c.lease_epoch,
+            (SELECT e.payload FROM durastep.events e WHERE e.id = c.event_id) AS payload,
+            c.parent_run_id, c.parent_step_key, durastep.now() AS db_now, c.priority, c.run_at,
+            st.step_keys, st.step_outputs, st.step_positions, st.step_kinds,
+            jr.journal_positions, jr.journal_kinds, jr.journal_keys,
+            $4::bigint AS claim, 0::bigint AS moved,
+            extract(epoch FROM c.lease_expires_at - durastep.now())::float8 AS lease_left
+       FROM (SELECT r.* FROM durastep.runs r
+               JOIN unnest($1::uuid[], $2::bigint[]) AS h(id, epoch) ON h.id = r.id AND h.epoch = r.lease_epoch
+              WHERE r.state = 'running' AND r.worker_id = $3) c
+",
+    include_str!("sql/run_records.sql")
+);

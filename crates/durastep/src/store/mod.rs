@@ -1,5 +1,6 @@
 //! Every SQL statement Durastep runs, named for what it does, in one module per
-//! stage of a run: `registration`, `send`, `claim`, `attempt` (what a running
+//! stage of a run: `registration`, `send`, `offers` (an idle worker's offer to
+//! the sends of every process), `claim`, `attempt` (what a running
 //! attempt writes), `waits`, `leases`, `schedules`, `admin` (an operator's
 //! writes) and `inspect` (reads). Statements longer than about 20 lines are
 //! `.sql` files under `store/sql/`, with a comment per CTE.
@@ -60,6 +61,7 @@ mod attempt;
 mod claim;
 pub(crate) mod inspect;
 mod leases;
+mod offers;
 mod registration;
 mod schedules;
 mod send;
@@ -72,6 +74,7 @@ pub(crate) use attempt::*;
 pub(crate) use claim::*;
 pub(crate) use inspect::{ReplayRun, load_divergence, load_run, unfinished_runs};
 pub(crate) use leases::*;
+pub(crate) use offers::*;
 pub(crate) use registration::*;
 pub(crate) use schedules::*;
 pub(crate) use send::*;

@@ -57,14 +57,29 @@ pub(crate) struct InsertedEvent {
 /// lease has lapsed ([`release_lapsed_cancels`]). Every event sent to a
 /// debounced function is recorded with its run (`debounced_events`), so that a
 /// duplicate of an event that was merged away still reports its run.
-pub(crate) async fn insert_events(conn: &mut PgConnection, events: &[NewEvent]) -> Result<Sent, sqlx::Error> {
+///
+/// By [`Route::Offers`], a batch of one event due now goes to an idle worker
+/// of any process that offered its slots, if one did
+/// (`durastep.send_events_offered`, migration 0036): the new runs come back
+/// claimed for it, and it is told on its secret channel.
+pub(crate) async fn insert_events(
+    conn: &mut PgConnection,
+    events: &[NewEvent],
+    route: Route,
+) -> Result<Sent, sqlx::Error> {
     let ids: Vec<Uuid> = events.iter().map(|e| e.id).collect();
     let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
     let payloads: Vec<&str> = events.iter().map(|e| e.payload.as_str()).collect();
     let keys: Vec<Option<&str>> = events.iter().map(|e| e.idempotency_key.as_deref()).collect();
     let starts: Vec<Option<DateTime<Utc>>> = events.iter().map(|e| e.start_at).collect();
     let priorities: Vec<i32> = events.iter().map(|e| e.priority).collect();
-    let rows = sqlx::query("SELECT ord, id, inserted, run_ids, _n FROM durastep.send_events($1, $2, $3, $4, $5, $6)")
+    let statement = match route {
+        Route::Queue => "SELECT ord, id, inserted, run_ids, _n FROM durastep.send_events($1, $2, $3, $4, $5, $6)",
+        Route::Offers => {
+            "SELECT ord, id, inserted, run_ids, _n FROM durastep.send_events_offered($1, $2, $3, $4, $5, $6)"
+        }
+    };
+    let rows = sqlx::query(statement)
         .bind(&ids)
         .bind(&names)
         .bind(&payloads)
@@ -94,6 +109,18 @@ pub(crate) async fn insert_events(conn: &mut PgConnection, events: &[NewEvent]) 
     }
     report_duplicates(conn, events, &mut out, &duplicates).await?;
     Ok(Sent { events: out, notified })
+}
+
+/// Where a send's new runs go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Queued, for whichever worker claims them first: every batch, and every
+    /// send inside a caller's transaction (its commit may come much later
+    /// than the claim a hand-over would make).
+    Queue,
+    /// A one-event send due now, in its own transaction: to an idle worker
+    /// of any process that offered its slots, else queued.
+    Offers,
 }
 
 /// Fills in, for the events at `duplicates` (their (name, idempotency key)

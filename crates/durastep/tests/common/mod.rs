@@ -447,3 +447,60 @@ impl ReaderRole {
         }
     }
 }
+
+/// Whether the send of `event_id` claimed the run itself (handed it to an
+/// idle worker): the run's first `running` history row was written by the
+/// send's own transaction.
+pub async fn handed_by_its_send(engine: &Engine, run_id: Uuid, event_id: Uuid) -> bool {
+    sqlx::query_scalar(
+        "SELECT (SELECT h.xmin::text FROM durastep.run_history h WHERE h.run_id = $1 AND h.state = 'running'
+                  ORDER BY h.seq LIMIT 1)
+              = (SELECT e.xmin::text FROM durastep.events e WHERE e.id = $2)",
+    )
+    .bind(run_id)
+    .bind(event_id)
+    .fetch_one(engine.pool())
+    .await
+    .unwrap()
+}
+
+/// Sends events named `name` through `engine` until a send hands its run to
+/// an idle worker (the worker offers its slots once its last claim found
+/// nothing due); the payload of send `i` is `payload(i)`, and each run must
+/// complete with it as its output (an echo). Returns how many sends it took.
+/// Between sends it waits longer each time (20 ms, 40 ms, ... up to 1 s), so
+/// that a busy machine's slow empty claim delays the offer, not the test's
+/// verdict.
+pub async fn send_until_handed_with(
+    engine: &Engine,
+    name: &str,
+    payload: impl Fn(usize) -> serde_json::Value,
+) -> usize {
+    for i in 1..=50 {
+        let receipt = engine.send(durastep::Event::new(name, &payload(i))).await.unwrap();
+        let run = finished(engine, receipt.run_ids[0]).await;
+        assert_eq!(run.output, Some(payload(i)), "{run:?}");
+        if handed_by_its_send(engine, receipt.run_ids[0], receipt.event_id).await {
+            return i;
+        }
+        tokio::time::sleep(Duration::from_millis(20 * i.min(50) as u64)).await;
+    }
+    panic!("no send handed its run to an idle worker in 50 sends");
+}
+
+/// [`send_until_handed_with`] the payload `{"i": i}`.
+pub async fn send_until_handed(engine: &Engine, name: &str) -> usize {
+    send_until_handed_with(engine, name, |i| serde_json::json!({"i": i})).await
+}
+
+/// How many times each run was claimed (its `running` history rows): a run
+/// handed to a worker by its send, and never claimed again, has one.
+pub async fn claims_per_run(engine: &Engine) -> Vec<i64> {
+    sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE h.state = 'running') FROM durastep.runs r
+           JOIN durastep.run_history h ON h.run_id = r.id GROUP BY r.id",
+    )
+    .fetch_all(engine.pool())
+    .await
+    .unwrap()
+}

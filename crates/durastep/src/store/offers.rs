@@ -1,0 +1,62 @@
+//! An idle worker's offer of its free slots to the one-event sends of every
+//! process (`durastep.worker_offers`, migration 0036): the send claims its
+//! new runs for the worker and names them on the worker's secret channel;
+//! the worker starts them without a claim of its own.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use uuid::Uuid;
+
+use super::claim::Handled;
+use super::secs;
+
+/// Takes the advisory lock `key` on the listener's connection, for as long as
+/// that connection lives: while it is held, the offers that name `key` are
+/// good (a send that could take it would find a worker that no longer hears).
+pub(crate) async fn hold_listener_key(listener: &mut PgListener, key: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_lock($1)").bind(key).execute(listener).await?;
+    Ok(())
+}
+
+/// What an idle worker offers.
+pub(crate) struct OfferRow<'a> {
+    pub worker_id: Uuid,
+    pub functions: &'a Handled,
+    pub slots: usize,
+    pub lease: Duration,
+    /// The key its listener connection holds now.
+    pub lock_key: i64,
+    /// Its secret channel, on which a send names the runs it handed on (a
+    /// [`HandNotice`](super::HandNotice)).
+    pub channel: &'a str,
+}
+
+/// Writes (or replaces) the worker's offer.
+pub(crate) async fn publish_offer(pool: &PgPool, offer: &OfferRow<'_>) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO durastep.worker_offers (worker_id, version_ids, versions, slots, lease_s, lock_key, channel)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (worker_id) DO UPDATE
+            SET version_ids = EXCLUDED.version_ids, versions = EXCLUDED.versions, slots = EXCLUDED.slots,
+                lease_s = EXCLUDED.lease_s, lock_key = EXCLUDED.lock_key, channel = EXCLUDED.channel,
+                offered_at = now()",
+    )
+    .bind(offer.worker_id)
+    .bind(&offer.functions.version_ids)
+    .bind(&offer.functions.versions)
+    .bind(i32::try_from(offer.slots).unwrap_or(i32::MAX))
+    .bind(secs(offer.lease))
+    .bind(offer.lock_key)
+    .bind(offer.channel)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Withdraws the worker's offer (it is busy, or stopping).
+pub(crate) async fn withdraw_offer(pool: &PgPool, worker_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM durastep.worker_offers WHERE worker_id = $1").bind(worker_id).execute(pool).await?;
+    Ok(())
+}
