@@ -884,6 +884,10 @@ async fn reader_role_reads_everything_and_writes_nothing(_p: PgPoolOptions, opts
         if sqlx::query("DELETE FROM durastep.step_results").execute(&pool).await.is_ok() {
             return Err("the reader role could delete step results".into());
         }
+        // Nor learns the idle workers' secret channels (docs/security.md).
+        if sqlx::query("SELECT channel FROM durastep.worker_offers").execute(&pool).await.is_ok() {
+            return Err("the reader role could read the workers' channels".into());
+        }
         pool.close().await;
         Ok::<_, String>(())
     }
