@@ -8,6 +8,8 @@
 //! 2. Across processes: one `bench-worker` process (default options: LISTEN on)
 //!    waits idle; this process sends one event, and the function's one step
 //!    stores the wall-clock time its body started, which the bench reads back.
+//!    Since migration 0036 the send claims the run for the idle worker through
+//!    its offer and tells it on its channel (no claim of the worker's own).
 //! 3. Across processes again, the worker also registering a function with a
 //!    flow rule: each of its claim rounds sends the full claim beside the fast one.
 //! 4. In the same process: the same with the worker in this process.
