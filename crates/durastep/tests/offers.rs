@@ -30,8 +30,7 @@ async fn a_send_hands_its_run_to_an_idle_worker_of_another_process(_p: PgPoolOpt
     let sender = sender(&opts).await;
     common::send_until_handed(&sender, "ping").await;
     w.stop().await;
-    let claims = common::claims_per_run(&sender).await;
-    assert!(claims.iter().all(|&n| n == 1), "a run claimed more than once: {claims:?}");
+    common::assert_claimed_once_each(&sender).await;
 }
 
 /// Catches: a hand-over whose event's payload does not fit in the
@@ -45,8 +44,7 @@ async fn a_payload_too_large_for_the_notice_is_read_back(_p: PgPoolOptions, opts
     let sender = sender(&opts).await;
     common::send_until_handed_with(&sender, "ping", |i| json!({"i": i, "text": "x".repeat(9_000)})).await;
     w.stop().await;
-    let claims = common::claims_per_run(&sender).await;
-    assert!(claims.iter().all(|&n| n == 1), "a run claimed more than once: {claims:?}");
+    common::assert_claimed_once_each(&sender).await;
 }
 
 /// Writes an offer of 4 slots for `echo` by a worker that is not there,

@@ -332,9 +332,7 @@ async fn a_send_hands_its_run_to_an_idle_worker_of_its_process(_p: PgPoolOptions
     let w = common::spawn_worker(&engine);
     common::send_until_handed(&engine, "ping").await;
     w.stop().await;
-    // Each run was claimed once: by its send or by the worker, never both.
-    let claims = common::claims_per_run(&engine).await;
-    assert!(claims.iter().all(|&n| n == 1), "a run claimed more than once: {claims:?}");
+    common::assert_claimed_once_each(&engine).await;
 }
 
 /// Catches: a worker with functions of both claim classes (here one with a

@@ -493,14 +493,15 @@ pub async fn send_until_handed(engine: &Engine, name: &str) -> usize {
     send_until_handed_with(engine, name, |i| serde_json::json!({"i": i})).await
 }
 
-/// How many times each run was claimed (its `running` history rows): a run
-/// handed to a worker by its send, and never claimed again, has one.
-pub async fn claims_per_run(engine: &Engine) -> Vec<i64> {
-    sqlx::query_scalar(
+/// Fails unless each run was claimed once (one `running` history row): by
+/// its send, which handed it to a worker, or by a worker, never both.
+pub async fn assert_claimed_once_each(engine: &Engine) {
+    let claims: Vec<i64> = sqlx::query_scalar(
         "SELECT count(*) FILTER (WHERE h.state = 'running') FROM durastep.runs r
            JOIN durastep.run_history h ON h.run_id = r.id GROUP BY r.id",
     )
     .fetch_all(engine.pool())
     .await
-    .unwrap()
+    .unwrap();
+    assert!(claims.iter().all(|&n| n == 1), "a run claimed more than once: {claims:?}");
 }
