@@ -143,8 +143,17 @@ impl Engine {
                 (receipts, notified && queued)
             }
             // Else, one event due now: to an idle worker of another process,
-            // if one offered its slots (`store::Route::Offers`).
-            None => insert(&mut conn, &prepared, store::Route::Offers).await?,
+            // if one offered its slots (`store::Route::Offers`), unless a
+            // worker of this process runs its functions.
+            None => {
+                let names = prepared.iter().map(|e| e.name.as_str()).collect();
+                let route = if self.inner.local_workers.run_any(&self.inner.triggered_by(&names)) {
+                    store::Route::Queue
+                } else {
+                    store::Route::Offers
+                };
+                insert(&mut conn, &prepared, route).await?
+            }
         };
         if notified {
             // Committed: the workers of this process claim now, without

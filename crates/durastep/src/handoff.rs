@@ -45,6 +45,18 @@ impl LocalWorkers {
         }
     }
 
+    /// Whether a worker of this process runs one of `functions`: a send of
+    /// this process then leaves their runs to it (handed in memory when it
+    /// waits idle, else queued, and it is woken), never to another process's
+    /// worker through an offer, whose row lags behind the worker's own count.
+    pub(crate) fn run_any(&self, functions: &[&str]) -> bool {
+        let workers = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        workers
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .any(|w| w.functions.woken_by_ids(functions.iter().copied()) != [false, false])
+    }
+
     /// A worker of this process that waits idle with nothing due, with the
     /// slots it offers taken (a second send finds them gone until the worker
     /// offers again): the send may claim up to that many runs for it.
@@ -130,14 +142,28 @@ impl Wake {
     }
 }
 
-/// A run claimed for a worker by a send of its process.
+/// A run claimed for a worker by a send.
 pub(crate) struct Handed {
     pub(crate) run: ClaimedRun,
+    /// How the send found the worker.
+    pub(crate) via: Via,
     /// Before the send went out: the lease counts from there.
     pub(crate) sent: Instant,
     pub(crate) received: Instant,
     /// The tally of the send's claim record, shared by the runs it handed on.
     pub(crate) tally: Option<Arc<ClaimTally>>,
+}
+
+/// How a send found the worker it handed its runs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// Its offer in memory, taken by a send of its process: exact, since the
+    /// send takes the slots as it takes the offer.
+    Process,
+    /// Its offer row, taken by a send of any process (`crate::offers`): the
+    /// row may still offer slots the worker has filled since, so a run it
+    /// has no free slot for is given back at once.
+    Offer,
 }
 
 /// Slots an idle worker offered, taken by one send.
@@ -155,7 +181,7 @@ impl Offer {
 
     /// Hands the runs the send claimed to the worker.
     pub(crate) async fn hand_over(self, pool: &PgPool, runs: Vec<ClaimedRun>, sent: Instant) {
-        self.handoff.deliver(pool, runs, sent).await;
+        self.handoff.deliver(pool, runs, sent, Via::Process).await;
     }
 }
 
@@ -164,7 +190,7 @@ impl Handoff {
     /// another one through its offer, `crate::offers`), all listed in one
     /// claim record; their leases count from `sent`. A run it can no longer
     /// take (it stopped meanwhile) is released at once, keeping its place.
-    pub(crate) async fn deliver(&self, pool: &PgPool, runs: Vec<ClaimedRun>, sent: Instant) {
+    pub(crate) async fn deliver(&self, pool: &PgPool, runs: Vec<ClaimedRun>, sent: Instant, via: Via) {
         let received = Instant::now();
         let tally = claim_records::tally(&runs, &self.ended);
         for run in runs {
@@ -172,7 +198,7 @@ impl Handoff {
             let run = if crate::failpoint_fires!("hand-over") {
                 run
             } else {
-                match self.runs.send(Handed { run, sent, received, tally: tally.clone() }) {
+                match self.runs.send(Handed { run, via, sent, received, tally: tally.clone() }) {
                     Ok(()) => continue,
                     Err(refused) => refused.0.run,
                 }

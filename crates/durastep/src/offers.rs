@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::handoff::Handoff;
+use crate::handoff::{Handoff, Via};
 use crate::store::{self, Handled};
 
 /// How long a worker stays busy before it withdraws its offer: a worker
@@ -102,6 +102,16 @@ impl Offers {
     }
 }
 
+/// The worker stops: no more runs are handed to it once this returns (a
+/// send that took the offer just before may still; the worker gives such
+/// runs back as it gives back runs claimed ahead).
+pub(crate) async fn withdraw(pool: &PgPool, offers: &Offers) {
+    offers.set(0);
+    if let Err(e) = store::withdraw_offer(pool, offers.worker_id).await {
+        tracing::debug!(error = %e, "could not withdraw the worker's offer; the first send that finds it deletes it");
+    }
+}
+
 /// A new advisory lock key for a listener connection (never 0).
 pub(crate) fn new_key() -> i64 {
     let (high, _) = Uuid::new_v4().as_u64_pair();
@@ -163,7 +173,13 @@ pub(crate) async fn publish_loop(pool: PgPool, offers: Arc<Offers>, stop: Cancel
                     lock_key: key,
                     channel: &offers.channel,
                 };
-                store::publish_offer(&pool, &row).await
+                let written = store::publish_offer(&pool, &row).await;
+                if offers.key.load(Ordering::Acquire) != key {
+                    // A new listener connection took a new key meanwhile:
+                    // this row names the old one, so write it again.
+                    offers.row.store(0, Ordering::Release);
+                }
+                written
             }
         };
         if let Err(e) = result {
@@ -181,9 +197,7 @@ pub(crate) async fn publish_loop(pool: PgPool, offers: Arc<Offers>, stop: Cancel
             failures = 0;
         }
     }
-    if let Err(e) = store::withdraw_offer(&pool, offers.worker_id).await {
-        tracing::debug!(error = %e, "could not withdraw the worker's offer; the first send that finds it deletes it");
-    }
+    withdraw(&pool, &offers).await;
 }
 
 /// The runs a send handed to this worker, named in its notice on the
@@ -210,7 +224,7 @@ pub(crate) async fn take_handed(pool: PgPool, offers: Arc<Offers>, handoff: Arc<
                 .max()
                 .unwrap_or_default();
             let sent = received.checked_sub(used).unwrap_or(received);
-            handoff.deliver(&pool, handed.into_iter().map(|h| h.run).collect(), sent).await;
+            handoff.deliver(&pool, handed.into_iter().map(|h| h.run).collect(), sent, Via::Offer).await;
         }
         Err(e) => tracing::warn!(error = %e, "could not read the runs handed to this worker; their leases will lapse"),
     }

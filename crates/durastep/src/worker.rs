@@ -23,7 +23,7 @@ use crate::claim_records::{self, ClaimTally, EndedClaims};
 use crate::ctx::{Ctx, CtxParts, Signal};
 use crate::error::{Error, from_sqlx};
 use crate::failure::{HandlerError, HandlerResult};
-use crate::handoff::{ClaimClasses, Handoff, Wake, class};
+use crate::handoff::{ClaimClasses, Handoff, Via, Wake, class};
 use crate::journal::Journal;
 use crate::kept::Kept;
 use crate::limits;
@@ -375,6 +375,15 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                         tracing::warn!(run_id = %h.run.id, "a run handed over twice; ignored");
                         continue;
                     }
+                    if h.via == Via::Offer && slots.available_permits() <= ready.len() {
+                        // Taken through an offer row that still showed slots
+                        // this worker has filled since: another worker may run
+                        // it now (as a run claimed ahead that waited too long).
+                        let (lost, ending) = (CancellationToken::new(), Arc::default());
+                        let r = Ready { run: h.run, lost, ending, received: h.received, fast: true, tally: None };
+                        give_back(&engine, r).await;
+                        continue;
+                    }
                     let r = hold(&held, &waiting_lost, h.run, h.sent, h.received, true);
                     enqueue(&mut ready, Ready { tally: h.tally, ..r });
                 }
@@ -413,6 +422,9 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         // tries releases its runs itself); those already handed are given
         // back with the runs claimed ahead.
         handoff.offer(0);
+        if let Some(offers) = &offers {
+            crate::offers::withdraw(&engine.pool, offers).await;
+        }
         handed.close();
         while let Ok(h) = handed.try_recv() {
             let (lost, ending) = (CancellationToken::new(), Arc::default());

@@ -47,7 +47,10 @@ pub struct WorkerOptions {
     pub reap_interval: Duration,
     /// On shutdown, how long running attempts may go on before they are released (default 30 s).
     pub shutdown_grace: Duration,
-    /// Use LISTEN/NOTIFY for low latency (default true); polling alone still guarantees progress.
+    /// Use LISTEN/NOTIFY for low latency (default true); polling alone still
+    /// guarantees progress. A worker that listens also offers its free slots,
+    /// while it waits idle, to the one-event sends of every process, which
+    /// then claim their new runs for it (migration 0036).
     pub listen: bool,
     /// Group-commit writer tasks (default 2): at most this many commits of
     /// checkpoints and completions in flight at once. A second one starts
