@@ -1713,7 +1713,8 @@ impl Engine {
     /// cursor are ignored) that is failed or cancelled; with no state in the
     /// filter, every failed one. Returns the ids of the runs queued again, in
     /// the order they were created. Runs are replayed in transactions of up to
-    /// 500.
+    /// 500, each run at most once per call (one that fails again while the
+    /// call goes on is left failed).
     ///
     /// ```no_run
     /// # async fn demo(engine: durastep::Engine) -> Result<(), durastep::Error> {
@@ -1740,7 +1741,7 @@ impl Engine {
         } else if states.is_empty() {
             return Ok(Vec::new());
         }
-        let q = sql::RunQuery {
+        let mut q = sql::RunQuery {
             function: filter.function.as_deref(),
             states: &states,
             created_after: filter.created_after,
@@ -1752,11 +1753,24 @@ impl Engine {
             limit: store::PRUNE_BATCH,
         };
         let mut replayed = Vec::new();
+        // Every run tried once: a run replayed here that a worker ran and
+        // failed again before the next batch was listed matches again, and
+        // is not replayed a second time (nor, failing at once each time,
+        // forever). The listing reads past the runs tried already.
+        let mut tried: std::collections::HashSet<Uuid> = std::collections::HashSet::new();
         loop {
-            let ids = sql::matching_run_ids(self.pool(), &q).await.map_err(from_sqlx)?;
+            q.limit = store::PRUNE_BATCH + i64::try_from(tried.len()).unwrap_or(i64::MAX - store::PRUNE_BATCH);
+            let ids: Vec<Uuid> = sql::matching_run_ids(self.pool(), &q)
+                .await
+                .map_err(from_sqlx)?
+                .into_iter()
+                .filter(|id| !tried.contains(id))
+                .take(usize::try_from(store::PRUNE_BATCH).unwrap_or(usize::MAX))
+                .collect();
             if ids.is_empty() {
                 return Ok(replayed);
             }
+            tried.extend(ids.iter().copied());
             let first = ids[0];
             let mut conn = self.pool().acquire().await.map_err(from_sqlx)?;
             let outcome =
