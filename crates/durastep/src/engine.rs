@@ -130,6 +130,10 @@ impl Engine {
             [event] if event.start_at.is_none() => self.inner.local_workers.take_offer(),
             _ => None,
         };
+        // The functions the events trigger: whether a worker of this process
+        // runs one, and which of its claim classes to wake after the commit.
+        let names = prepared.iter().map(|e| e.name.as_str()).collect();
+        let triggered = self.inner.triggered_by(&names);
         let (receipts, notified) = match offer {
             Some(offer) => {
                 let sent = std::time::Instant::now();
@@ -144,13 +148,14 @@ impl Engine {
             }
             // Else, one event due now: to an idle worker of another process,
             // if one offered its slots (`store::Route::Offers`), unless a
-            // worker of this process runs its functions.
+            // worker of this process runs its functions. A batch, or an
+            // event due later, is queued.
             None => {
-                let names = prepared.iter().map(|e| e.name.as_str()).collect();
-                let route = if self.inner.local_workers.run_any(&self.inner.triggered_by(&names)) {
-                    store::Route::Queue
-                } else {
+                let one_due_now = matches!(prepared.as_slice(), [event] if event.start_at.is_none());
+                let route = if one_due_now && !self.inner.local_workers.run_any(&triggered) {
                     store::Route::Offers
+                } else {
+                    store::Route::Queue
                 };
                 insert(&mut conn, &prepared, route).await?
             }
@@ -160,8 +165,7 @@ impl Engine {
             // waiting for the NOTIFY to come back through their listener,
             // for the classes of the functions the events trigger (as the
             // NOTIFY names them; a wait the send resumed is left to the NOTIFY).
-            let names = prepared.iter().map(|e| e.name.as_str()).collect();
-            self.inner.local_workers.wake(&self.inner.triggered_by(&names));
+            self.inner.local_workers.wake(&triggered);
         }
         Ok(receipts)
     }

@@ -381,7 +381,9 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                         // it now (as a run claimed ahead that waited too long).
                         let (lost, ending) = (CancellationToken::new(), Arc::default());
                         let r = Ready { run: h.run, lost, ending, received: h.received, fast: true, tally: None };
-                        give_back(&engine, r).await;
+                        let engine = engine.clone();
+                        // Off the loop: its round trip does not hold up the claims.
+                        executors.spawn(async move { give_back(&engine, r).await });
                         continue;
                     }
                     let r = hold(&held, &waiting_lost, h.run, h.sent, h.received, true);
@@ -410,7 +412,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     for r in stale {
                         let fence = r.run.fence();
                         lock(&held).remove(&fence.run_id());
-                        give_back(&engine, r).await;
+                        let engine = engine.clone();
+                        executors.spawn(async move { give_back(&engine, r).await });
                     }
                 }
                 // The end of a wait (cleared at the top of the loop).
