@@ -379,6 +379,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                         // Taken through an offer row that still showed slots
                         // this worker has filled since: another worker may run
                         // it now (as a run claimed ahead that waited too long).
+                        crate::failpoint!("offer-full");
                         let (lost, ending) = (CancellationToken::new(), Arc::default());
                         let r = Ready { run: h.run, lost, ending, received: h.received, fast: true, tally: None };
                         let engine = engine.clone();
