@@ -12,28 +12,14 @@
 
 use std::time::Duration;
 
-use durastep::{Engine, Event, failpoints};
+use durastep::{Event, failpoints};
 use durastep_testkit::wait_for;
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use uuid::Uuid;
 
 mod handoff_common;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// The run's history: (state, written by the send's own transaction).
-async fn history(engine: &Engine, run: Uuid, event: Uuid) -> Vec<(String, bool)> {
-    sqlx::query_as(
-        "SELECT h.state, h.xmin::text = (SELECT e.xmin::text FROM durastep.events e WHERE e.id = $2)
-           FROM durastep.run_history h WHERE h.run_id = $1 ORDER BY h.seq",
-    )
-    .bind(run)
-    .bind(event)
-    .fetch_all(engine.pool())
-    .await
-    .unwrap()
-}
 
 /// Catches: a refused handoff that leaves its run claimed (it would wait for
 /// its lease, an hour), a release that notifies no worker (the run would wait
@@ -59,7 +45,7 @@ async fn a_run_handed_to_a_worker_that_is_gone_is_released_and_runs_elsewhere(
         .await
         .unwrap();
         assert_eq!(done.output, Some(json!({"i": i})), "{done:?}");
-        let states = history(&engine, run, event).await;
+        let states = handoff_common::history(&engine, run, event).await;
         if states.first().is_some_and(|(_, by_send)| *by_send) {
             // Claimed by the send, refused, released, claimed again, completed.
             let expected = ["running", "queued", "running", "completed"];

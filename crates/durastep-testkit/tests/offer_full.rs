@@ -16,43 +16,34 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use durastep::{Ctx, Engine, Event, Function, WorkerOptions, failpoints};
-use durastep_testkit::{url_of, wait_for};
+use durastep_testkit::wait_for;
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use uuid::Uuid;
 
+mod handoff_common;
+
 const WAIT: Duration = Duration::from_secs(20);
-const LEASE: Duration = Duration::from_secs(3_600);
 
 /// Set once the test lets the `hold` run end.
 static RELEASED: AtomicBool = AtomicBool::new(false);
 
 /// One slot, nothing claimed ahead, a lease of an hour with no heartbeat or
-/// reaper within the test.
+/// reaper within the test (`handoff_common::options`).
 async fn build(opts: &PgConnectOptions) -> Engine {
     let options = WorkerOptions {
         max_in_flight: 1,
         claim_ahead: 0,
         poll_interval: Duration::from_millis(200),
-        lease: LEASE,
-        heartbeat_interval: LEASE,
-        reap_interval: LEASE,
-        shutdown_grace: Duration::from_millis(100),
-        ..WorkerOptions::default()
+        ..handoff_common::options()
     };
-    Engine::builder()
-        .database_url(url_of(opts))
-        .worker_options(options)
-        .function(Function::new("hold").on_event("hold").handler(|_ctx: Ctx, _v: Value| async move {
-            while !RELEASED.load(Ordering::Acquire) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Ok(json!("held"))
-        }))
-        .function(Function::new("echo").on_event("ping").handler(|_ctx: Ctx, v: Value| async move { Ok(v) }))
-        .build()
-        .await
-        .unwrap()
+    let hold = Function::new("hold").on_event("hold").handler(|_ctx: Ctx, _v: Value| async move {
+        while !RELEASED.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(json!("held"))
+    });
+    handoff_common::engine_with(opts, options, vec![hold, handoff_common::echo()]).await
 }
 
 /// The worker's offer row, as it wrote it.
@@ -64,12 +55,9 @@ async fn offer_row(engine: &Engine) -> Result<Option<OfferRow>, sqlx::Error> {
         .await
 }
 
-async fn history(engine: &Engine, run: Uuid) -> Vec<String> {
-    sqlx::query_scalar("SELECT state FROM durastep.run_history WHERE run_id = $1 ORDER BY seq")
-        .bind(run)
-        .fetch_all(engine.pool())
-        .await
-        .unwrap()
+/// The run's states, oldest first.
+async fn states(engine: &Engine, run: Uuid, event: Uuid) -> Vec<String> {
+    handoff_common::history(engine, run, event).await.into_iter().map(|(state, _)| state).collect()
 }
 
 /// Catches: a full worker that keeps a run handed to it through an offer
@@ -113,7 +101,8 @@ async fn a_run_handed_to_a_full_worker_through_its_offer_is_given_back_at_once(
     .await
     .unwrap();
     failpoints::set("offer-full", "pause(0)");
-    let run = sender.send(Event::new("ping", &json!({"n": 7}))).await.unwrap().run_ids[0];
+    let receipt = sender.send(Event::new("ping", &json!({"n": 7}))).await.unwrap();
+    let (run, event) = (receipt.run_ids[0], receipt.event_id);
     let worker_of: Option<Uuid> = sqlx::query_scalar("SELECT worker_id FROM durastep.runs WHERE id = $1")
         .bind(run)
         .fetch_one(engine.pool())
@@ -127,7 +116,7 @@ async fn a_run_handed_to_a_full_worker_through_its_offer_is_given_back_at_once(
     .await
     .unwrap();
     wait_for("the given-back run to be queued", WAIT, || async {
-        Ok((history(&engine, run).await == ["running", "queued"]).then_some(()))
+        Ok((states(&engine, run, event).await == ["running", "queued"]).then_some(()))
     })
     .await
     .unwrap();
@@ -142,7 +131,7 @@ async fn a_run_handed_to_a_full_worker_through_its_offer_is_given_back_at_once(
     .await
     .unwrap();
     assert_eq!(done.output, Some(json!({"n": 7})), "{done:?}");
-    assert_eq!(history(&engine, run).await, ["running", "queued", "running", "completed"]);
+    assert_eq!(states(&engine, run, event).await, ["running", "queued", "running", "completed"]);
     worker.request_stop();
     worker.stop().await.unwrap();
 }

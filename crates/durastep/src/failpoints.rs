@@ -17,6 +17,7 @@
 //! | `claim-after-commit` | after a claim that got runs | the claimed runs are dropped, as if the answer were lost: their leases expire |
 //! | `claim-answered` | after every claim (and, when it found nothing, its read of its class's next due run), before the claim loop takes the answer | the round fails (backoff, retry); runs it claimed are dropped, as if the answer were lost: their leases expire |
 //! | `wake-taken` | claim loop, after a wake-up ended the holds of the classes it names (and marked a class whose claim is in flight) | none: `pause(0)` counts the wake-ups the loop took ([`hits`]) |
+//! | `notice-lost` | the worker's listener, a notice of runs a send of another process handed it, before it is read | the notice is dropped with the listener's connection, as if the connection died with it unread: the listener connects again, and the runs wait for their leases and the reaper |
 //! | `offer-full` | claim loop, a run a send of another process handed it through its offer when it has no free slot, before the run is given back | none: `pause(0)` counts them ([`hits`]) |
 //! | `hand-over` | `Engine::send`, after the send claimed a new run for an idle worker of its process, before the worker takes it | refused, as by a worker that stopped meanwhile: the run is released at once (it keeps its place) and the workers are notified |
 //! | `step-before-body` | `Ctx::step`, before the body | the step, so the attempt, fails |

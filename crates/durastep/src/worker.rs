@@ -1264,6 +1264,10 @@ async fn listen_loop(
                 n = listener.try_recv() => match n {
                     Ok(Some(n)) if n.channel() == store::CANCEL_CHANNEL => drop_cancelled(&held, n.payload()),
                     Ok(Some(n)) if Some(n.channel()) == hand_channel.as_deref() => {
+                        if crate::failpoint_fires!("notice-lost") {
+                            // As if the connection died with the notice unread.
+                            break;
+                        }
                         if let Some(offers) = &offers {
                             tokio::spawn(crate::offers::take_handed(
                                 engine.pool.clone(),

@@ -1,7 +1,11 @@
-//! The engine both handoff tests use: one function, `echo` (on `ping`, returns
-//! its input), a lease of an hour with no heartbeat or reaper within a test,
-//! and a poll every 10 minutes, so that a run comes back in time only
-//! through what the test checks (a release, a give-back, a NOTIFY).
+//! What the hand-over tests share: the engine (by default one function,
+//! `echo`, on `ping`, returning its input; a lease of an hour with no
+//! heartbeat or reaper within a test; and a poll every 10 minutes, so that a
+//! run comes back in time only through what the test checks: a release, a
+//! give-back, a NOTIFY), and a run's history.
+
+// Each test binary uses its own part of this module.
+#![allow(dead_code)]
 
 use std::time::Duration;
 
@@ -9,25 +13,52 @@ use durastep::{Ctx, Engine, Function, WorkerOptions};
 use durastep_testkit::url_of;
 use serde_json::Value;
 use sqlx::postgres::PgConnectOptions;
+use uuid::Uuid;
 
 /// The lease, the heartbeat interval and the reaper's interval.
 pub const LEASE: Duration = Duration::from_secs(3_600);
 
-/// The engine on the test's database.
-pub async fn engine(opts: &PgConnectOptions) -> Engine {
-    let options = WorkerOptions {
+/// The worker options of [`engine`].
+pub fn options() -> WorkerOptions {
+    WorkerOptions {
         poll_interval: Duration::from_secs(600),
         lease: LEASE,
         heartbeat_interval: LEASE,
         reap_interval: LEASE,
         shutdown_grace: Duration::from_millis(100),
         ..WorkerOptions::default()
-    };
-    Engine::builder()
-        .database_url(url_of(opts))
-        .worker_options(options)
-        .function(Function::new("echo").on_event("ping").handler(|_ctx: Ctx, v: Value| async move { Ok(v) }))
-        .build()
-        .await
-        .unwrap()
+    }
+}
+
+/// `echo`: on `ping`, returns its input.
+pub fn echo() -> Function {
+    Function::new("echo").on_event("ping").handler(|_ctx: Ctx, v: Value| async move { Ok(v) })
+}
+
+/// The engine on the test's database, with [`options`] and [`echo`].
+pub async fn engine(opts: &PgConnectOptions) -> Engine {
+    engine_with(opts, options(), vec![echo()]).await
+}
+
+/// The engine on the test's database with these worker options and functions.
+pub async fn engine_with(opts: &PgConnectOptions, options: WorkerOptions, functions: Vec<Function>) -> Engine {
+    let mut builder = Engine::builder().database_url(url_of(opts)).worker_options(options);
+    for f in functions {
+        builder = builder.function(f);
+    }
+    builder.build().await.unwrap()
+}
+
+/// The run's history, oldest first: (state, written by the transaction of
+/// the send of `event`, that is, handed on by that send).
+pub async fn history(engine: &Engine, run: Uuid, event: Uuid) -> Vec<(String, bool)> {
+    sqlx::query_as(
+        "SELECT h.state, h.xmin::text = (SELECT e.xmin::text FROM durastep.events e WHERE e.id = $2)
+           FROM durastep.run_history h WHERE h.run_id = $1 ORDER BY h.seq",
+    )
+    .bind(run)
+    .bind(event)
+    .fetch_all(engine.pool())
+    .await
+    .unwrap()
 }
