@@ -13,13 +13,10 @@
 use std::time::Duration;
 
 use durastep::{Event, failpoints};
-use durastep_testkit::wait_for;
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 mod handoff_common;
-
-const WAIT: Duration = Duration::from_secs(20);
 
 /// Catches: a refused handoff that leaves its run claimed (it would wait for
 /// its lease, an hour), a release that notifies no worker (the run would wait
@@ -37,13 +34,7 @@ async fn a_run_handed_to_a_worker_that_is_gone_is_released_and_runs_elsewhere(
     for i in 0..50 {
         let receipt = engine.send(Event::new("ping", &json!({"i": i}))).await.unwrap();
         let (run, event) = (receipt.run_ids[0], receipt.event_id);
-        let engine_ref = &engine;
-        let done = wait_for("the run to complete", WAIT, || async move {
-            let r = engine_ref.run(run).await?;
-            Ok(r.state.is_finished().then_some(r))
-        })
-        .await
-        .unwrap();
+        let done = handoff_common::finished(&engine, run).await;
         assert_eq!(done.output, Some(json!({"i": i})), "{done:?}");
         let states = handoff_common::history(&engine, run, event).await;
         if states.first().is_some_and(|(_, by_send)| *by_send) {

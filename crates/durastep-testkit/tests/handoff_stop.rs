@@ -23,25 +23,11 @@ use uuid::Uuid;
 
 mod handoff_common;
 
-const WAIT: Duration = Duration::from_secs(20);
+use handoff_common::{WAIT, states};
 
-async fn states(engine: &Engine, run: Uuid) -> Vec<String> {
-    sqlx::query_scalar("SELECT state FROM durastep.run_history WHERE run_id = $1 ORDER BY seq")
-        .bind(run)
-        .fetch_all(engine.pool())
-        .await
-        .unwrap()
-}
-
+/// The output of the run, once it has finished.
 async fn finished(engine: &Engine, run: Uuid) -> Value {
-    wait_for("the run to complete", WAIT, || async move {
-        let r = engine.run(run).await?;
-        Ok(r.state.is_finished().then_some(r))
-    })
-    .await
-    .unwrap()
-    .output
-    .unwrap_or(Value::Null)
+    handoff_common::finished(engine, run).await.output.unwrap_or(Value::Null)
 }
 
 /// Catches: a worker that stops with a handed run in its channel and drops

@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 mod handoff_common;
 
-const WAIT: Duration = Duration::from_secs(20);
+use handoff_common::{WAIT, states};
 
 /// Set once the test lets the `hold` run end.
 static RELEASED: AtomicBool = AtomicBool::new(false);
@@ -53,11 +53,6 @@ async fn offer_row(engine: &Engine) -> Result<Option<OfferRow>, sqlx::Error> {
     sqlx::query_as("SELECT worker_id, version_ids, versions, lease_s, lock_key, channel FROM durastep.worker_offers")
         .fetch_optional(engine.pool())
         .await
-}
-
-/// The run's states, oldest first.
-async fn states(engine: &Engine, run: Uuid, event: Uuid) -> Vec<String> {
-    handoff_common::history(engine, run, event).await.into_iter().map(|(state, _)| state).collect()
 }
 
 /// Catches: a full worker that keeps a run handed to it through an offer
@@ -101,8 +96,7 @@ async fn a_run_handed_to_a_full_worker_through_its_offer_is_given_back_at_once(
     .await
     .unwrap();
     failpoints::set("offer-full", "pause(0)");
-    let receipt = sender.send(Event::new("ping", &json!({"n": 7}))).await.unwrap();
-    let (run, event) = (receipt.run_ids[0], receipt.event_id);
+    let run = sender.send(Event::new("ping", &json!({"n": 7}))).await.unwrap().run_ids[0];
     let worker_of: Option<Uuid> = sqlx::query_scalar("SELECT worker_id FROM durastep.runs WHERE id = $1")
         .bind(run)
         .fetch_one(engine.pool())
@@ -116,7 +110,7 @@ async fn a_run_handed_to_a_full_worker_through_its_offer_is_given_back_at_once(
     .await
     .unwrap();
     wait_for("the given-back run to be queued", WAIT, || async {
-        Ok((states(&engine, run, event).await == ["running", "queued"]).then_some(()))
+        Ok((states(&engine, run).await == ["running", "queued"]).then_some(()))
     })
     .await
     .unwrap();
@@ -124,14 +118,9 @@ async fn a_run_handed_to_a_full_worker_through_its_offer_is_given_back_at_once(
 
     // The slot frees: the run runs, once, with its input.
     RELEASED.store(true, Ordering::Release);
-    let done = wait_for("the given-back run to complete", WAIT, || async {
-        let r = engine.run(run).await?;
-        Ok(r.state.is_finished().then_some(r))
-    })
-    .await
-    .unwrap();
+    let done = handoff_common::finished(&engine, run).await;
     assert_eq!(done.output, Some(json!({"n": 7})), "{done:?}");
-    assert_eq!(states(&engine, run, event).await, ["running", "queued", "running", "completed"]);
+    assert_eq!(states(&engine, run).await, ["running", "queued", "running", "completed"]);
     worker.request_stop();
     worker.stop().await.unwrap();
 }

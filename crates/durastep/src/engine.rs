@@ -126,10 +126,8 @@ impl Engine {
         let mut conn = self.inner.pool.acquire().await.map_err(from_sqlx)?;
         // One event due now, and a worker of this process waits idle: the
         // send claims the new runs for it, and it starts them at once.
-        let offer = match prepared.as_slice() {
-            [event] if event.start_at.is_none() => self.inner.local_workers.take_offer(),
-            _ => None,
-        };
+        let one_due_now = matches!(prepared.as_slice(), [event] if event.start_at.is_none());
+        let offer = if one_due_now { self.inner.local_workers.take_offer() } else { None };
         // The functions the events trigger: whether a worker of this process
         // runs one, and which of its claim classes to wake after the commit.
         let names = prepared.iter().map(|e| e.name.as_str()).collect();
@@ -151,7 +149,6 @@ impl Engine {
             // worker of this process runs its functions. A batch, or an
             // event due later, is queued.
             None => {
-                let one_due_now = matches!(prepared.as_slice(), [event] if event.start_at.is_none());
                 let route = if one_due_now && !self.inner.local_workers.run_any(&triggered) {
                     store::Route::Offers
                 } else {

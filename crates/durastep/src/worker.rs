@@ -380,11 +380,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                         // this worker has filled since: another worker may run
                         // it now (as a run claimed ahead that waited too long).
                         crate::failpoint!("offer-full");
-                        let (lost, ending) = (CancellationToken::new(), Arc::default());
-                        let r = Ready { run: h.run, lost, ending, received: h.received, fast: true, tally: None };
-                        let engine = engine.clone();
-                        // Off the loop: its round trip does not hold up the claims.
-                        executors.spawn(async move { give_back(&engine, r).await });
+                        spawn_give_back(&mut executors, &engine, Ready::unheld(h.run, h.received));
                         continue;
                     }
                     let r = hold(&held, &waiting_lost, h.run, h.sent, h.received, true);
@@ -413,8 +409,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                     for r in stale {
                         let fence = r.run.fence();
                         lock(&held).remove(&fence.run_id());
-                        let engine = engine.clone();
-                        executors.spawn(async move { give_back(&engine, r).await });
+                        spawn_give_back(&mut executors, &engine, r);
                     }
                 }
                 // The end of a wait (cleared at the top of the loop).
@@ -431,8 +426,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         }
         handed.close();
         while let Ok(h) = handed.try_recv() {
-            let (lost, ending) = (CancellationToken::new(), Arc::default());
-            ready.push_back(Ready { run: h.run, lost, ending, received: h.received, fast: true, tally: None });
+            ready.push_back(Ready::unheld(h.run, h.received));
         }
         // No more claims; a claim in flight is awaited, so that its runs are
         // given back with those claimed ahead.
@@ -443,8 +437,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         for done in unstarted {
             if let ClaimDone { result: Ok((claimed, _)), received, .. } = done {
                 for run in claimed {
-                    let (lost, ending) = (CancellationToken::new(), Arc::default());
-                    ready.push_back(Ready { run, lost, ending, received, fast: true, tally: None });
+                    ready.push_back(Ready::unheld(run, received));
                 }
             }
         }
@@ -589,6 +582,22 @@ struct Ready {
     fast: bool,
     /// The record of the claim that started it, counted down once its end is stored.
     tally: Option<Arc<ClaimTally>>,
+}
+
+impl Ready {
+    /// A run this worker never held, only to be given back (its fence, its
+    /// place): nothing waits on its `lost` or `ending`, and its claim
+    /// record, if any, is left to the reaper.
+    fn unheld(run: ClaimedRun, received: Instant) -> Ready {
+        Ready { run, lost: CancellationToken::new(), ending: Arc::default(), received, fast: true, tally: None }
+    }
+}
+
+/// Gives back `r` in a task beside the attempts (awaited within the
+/// shutdown grace): its round trip does not hold up the claim loop.
+fn spawn_give_back(executors: &mut tokio::task::JoinSet<()>, engine: &Arc<EngineInner>, r: Ready) {
+    let engine = engine.clone();
+    executors.spawn(async move { give_back(&engine, r).await });
 }
 
 /// A claimed run held by this worker from now (its lease kept by the

@@ -9,11 +9,14 @@
 
 use std::time::Duration;
 
-use durastep::{Ctx, Engine, Function, WorkerOptions};
-use durastep_testkit::url_of;
+use durastep::{Ctx, Engine, Function, Run, WorkerOptions};
+use durastep_testkit::{url_of, wait_for};
 use serde_json::Value;
 use sqlx::postgres::PgConnectOptions;
 use uuid::Uuid;
+
+/// How long a test waits for what it expects.
+pub const WAIT: Duration = Duration::from_secs(20);
 
 /// The lease, the heartbeat interval and the reaper's interval.
 pub const LEASE: Duration = Duration::from_secs(3_600);
@@ -59,6 +62,25 @@ pub async fn history(engine: &Engine, run: Uuid, event: Uuid) -> Vec<(String, bo
     .bind(run)
     .bind(event)
     .fetch_all(engine.pool())
+    .await
+    .unwrap()
+}
+
+/// The run's states, oldest first.
+pub async fn states(engine: &Engine, run: Uuid) -> Vec<String> {
+    sqlx::query_scalar("SELECT state FROM durastep.run_history WHERE run_id = $1 ORDER BY seq")
+        .bind(run)
+        .fetch_all(engine.pool())
+        .await
+        .unwrap()
+}
+
+/// The run, once it has finished (within [`WAIT`]).
+pub async fn finished(engine: &Engine, run: Uuid) -> Run {
+    wait_for("the run to finish", WAIT, || async move {
+        let r = engine.run(run).await?;
+        Ok(r.state.is_finished().then_some(r))
+    })
     .await
     .unwrap()
 }
