@@ -56,8 +56,9 @@ async fn offer_row(engine: &Engine) -> Result<Option<OfferRow>, sqlx::Error> {
 }
 
 /// Catches: a full worker that keeps a run handed to it through an offer
-/// (the failpoint never counts it), and a given-back run that is lost, runs
-/// twice or loses its input.
+/// (the failpoint never counts it), a given-back run that is lost, runs
+/// twice or loses its input, and one left listed in the send's claim record
+/// (which would stay until the hour's lease passed).
 #[sqlx::test(migrations = false)]
 async fn a_run_handed_to_a_full_worker_through_its_offer_is_given_back_at_once(
     _p: PgPoolOptions,
@@ -115,6 +116,17 @@ async fn a_run_handed_to_a_full_worker_through_its_offer_is_given_back_at_once(
     .await
     .unwrap();
     failpoints::set("offer-full", "off");
+    // Queued again, it no longer needs the send's claim record: the worker
+    // deletes it (with an hour's lease, no reaper would within the test).
+    wait_for("the send's claim record to be deleted", WAIT, || async {
+        let listed: i64 = sqlx::query_scalar("SELECT count(*) FROM durastep.run_claims WHERE $1 = ANY (run_ids)")
+            .bind(run)
+            .fetch_one(engine.pool())
+            .await?;
+        Ok((listed == 0).then_some(()))
+    })
+    .await
+    .unwrap();
 
     // The slot frees: the run runs, once, with its input.
     RELEASED.store(true, Ordering::Release);

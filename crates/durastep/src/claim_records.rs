@@ -1,10 +1,12 @@
 //! The worker's part in keeping the claim records (`durastep.run_claims`,
 //! migration 0034) small: each claim statement writes one record of the
 //! attempts it started, which is how the reaper finds a lapsed lease. The
-//! worker counts down, per record, the attempts whose end it has stored, and
-//! deletes a record once all have ended, in small batches off the hot path.
-//! What it misses (an end that was not stored, a run given back, a worker
-//! that died) the reaper deletes when the record's first lease has passed.
+//! worker counts down, per record, the attempts whose end it has stored and
+//! the runs it gave back unstarted (queued again, they are listed by their
+//! next claim's record), and deletes a record once none is left, in small
+//! batches off the hot path. What it misses (an end or a give-back that was
+//! not stored, a worker that died) the reaper deletes when the record's
+//! first lease has passed.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -43,8 +45,8 @@ pub(crate) struct ClaimTally {
 }
 
 impl ClaimTally {
-    /// One attempt of this claim has stored its end; the last one queues the
-    /// record for deletion.
+    /// One attempt of this claim has stored its end, or one of its runs was
+    /// given back; the last one queues the record for deletion.
     pub(crate) fn end(&self) {
         if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.ended.push(self.id);

@@ -205,7 +205,12 @@ impl Handoff {
             };
             let fence = run.fence();
             match store::release_run(pool, fence).await {
-                Ok(_) => tracing::debug!(run_id = %fence.run_id(), "worker gone; handed run released"),
+                Ok(released) => {
+                    if let (true, Some(t)) = (released, &tally) {
+                        t.end();
+                    }
+                    tracing::debug!(run_id = %fence.run_id(), "worker gone; handed run released");
+                }
                 Err(e) => tracing::warn!(
                     run_id = %fence.run_id(), error = %e,
                     "could not release a run handed to a stopped worker; its lease will expire"

@@ -380,7 +380,8 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                         // this worker has filled since: another worker may run
                         // it now (as a run claimed ahead that waited too long).
                         crate::failpoint!("offer-full");
-                        spawn_give_back(&mut executors, &engine, Ready::unheld(h.run, h.received));
+                        let r = Ready { tally: h.tally, ..Ready::unheld(h.run, h.received) };
+                        spawn_give_back(&mut executors, &engine, r);
                         continue;
                     }
                     let r = hold(&held, &waiting_lost, h.run, h.sent, h.received, true);
@@ -426,7 +427,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         }
         handed.close();
         while let Ok(h) = handed.try_recv() {
-            ready.push_back(Ready::unheld(h.run, h.received));
+            ready.push_back(Ready { tally: h.tally, ..Ready::unheld(h.run, h.received) });
         }
         // No more claims; a claim in flight is awaited, so that its runs are
         // given back with those claimed ahead.
@@ -436,8 +437,9 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         }
         for done in unstarted {
             if let ClaimDone { result: Ok((claimed, _)), received, .. } = done {
+                let tally = claim_records::tally(&claimed, &ended_claims);
                 for run in claimed {
-                    ready.push_back(Ready::unheld(run, received));
+                    ready.push_back(Ready { tally: tally.clone(), ..Ready::unheld(run, received) });
                 }
             }
         }
@@ -586,8 +588,8 @@ struct Ready {
 
 impl Ready {
     /// A run this worker never held, only to be given back (its fence, its
-    /// place): nothing waits on its `lost` or `ending`, and its claim
-    /// record, if any, is left to the reaper.
+    /// place): nothing waits on its `lost` or `ending`. The caller sets the
+    /// `tally` of its claim record, counted down once it is given back.
     fn unheld(run: ClaimedRun, received: Instant) -> Ready {
         Ready { run, lost: CancellationToken::new(), ending: Arc::default(), received, fast: true, tally: None }
     }
@@ -693,7 +695,13 @@ const AHEAD_WAIT_MAX: Duration = Duration::from_secs(1);
 async fn give_back(engine: &EngineInner, r: Ready) {
     let fence = r.run.fence();
     match store::release_run(&engine.pool, fence).await {
-        Ok(true) => {}
+        // Queued again: its claim record no longer needs to list it (the
+        // run's next claim lists it in a record of its own).
+        Ok(true) => {
+            if let Some(t) = &r.tally {
+                t.end();
+            }
+        }
         // Cancelled while it waited: it holds its slots until its attempt ends.
         Ok(false) => end_cancelled(engine, &RunRef::of(&r.run)).await,
         Err(e) => {

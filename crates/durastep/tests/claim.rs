@@ -133,13 +133,16 @@ async fn a_worker_with_claim_ahead_zero_claims_nothing_ahead(_p: PgPoolOptions, 
 
 /// Catches: a run claimed ahead that is kept while no slot frees (it must be
 /// given back within about a second, without counting an attempt and without
-/// running user code, so that another worker starts it), and one given back
-/// behind the runs that became due after it (it keeps its due time).
+/// running user code, so that another worker starts it), one given back
+/// behind the runs that became due after it (it keeps its due time), and a
+/// worker that does not count a run it gave back off its claim's record (the
+/// record would stay until its first lease passed: a minute here, longer
+/// than the test).
 #[sqlx::test(migrations = false)]
 async fn a_run_claimed_ahead_is_given_back_when_no_slot_frees(_p: PgPoolOptions, opts: PgConnectOptions) {
     common::init_logs();
     let ahead = common::ahead::Ahead::new();
-    let engine = ahead.engine(&opts).await;
+    let engine = ahead.engine_with_lease(&opts, common::LONG_LEASE).await;
     let w = common::spawn_worker(&engine);
     let (round, blocked, x) = ahead.claimed_ahead(&engine).await;
     let due = engine.run(x).await.unwrap().run_at;
@@ -157,6 +160,8 @@ async fn a_run_claimed_ahead_is_given_back_when_no_slot_frees(_p: PgPoolOptions,
     assert_eq!(engine.run(blocked).await.unwrap().state, RunState::Running);
     ahead.gates[round].open();
     assert_eq!(common::finished(&engine, blocked).await.state, RunState::Completed);
+    // Every attempt ended or was given back: no claim record is left.
+    common::wait_until("every claim record deleted", || async { claim_records(&engine).await == (0, 0) }).await;
     w.stop().await;
     wb.stop().await;
 }

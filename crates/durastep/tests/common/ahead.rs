@@ -66,8 +66,18 @@ impl Ahead {
 
     /// As [`Ahead::engine`], with `claim_ahead` set to `ahead`.
     pub async fn engine_claiming_ahead(&self, opts: &PgConnectOptions, ahead: usize) -> Engine {
-        let worker =
-            durastep::WorkerOptions { max_in_flight: 1, claim_ahead: ahead, claim_batch: 2, ..super::fast_options() };
+        self.engine_with(opts, durastep::WorkerOptions { claim_ahead: ahead, ..super::fast_options() }).await
+    }
+
+    /// As [`Ahead::engine`], with the leases of `lease`: longer than a test
+    /// runs, no reaper deletes a claim record within it.
+    pub async fn engine_with_lease(&self, opts: &PgConnectOptions, lease: Duration) -> Engine {
+        self.engine_with(opts, durastep::WorkerOptions { claim_ahead: 1, lease, ..super::fast_options() }).await
+    }
+
+    /// `worker` with one slot and claims of two.
+    async fn engine_with(&self, opts: &PgConnectOptions, worker: durastep::WorkerOptions) -> Engine {
+        let worker = durastep::WorkerOptions { max_in_flight: 1, claim_batch: 2, ..worker };
         super::engine_with(opts, vec![self.function()], worker).await
     }
 
