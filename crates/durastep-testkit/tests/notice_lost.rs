@@ -50,8 +50,10 @@ async fn send_and_finish(sender: &Engine, n: i32) -> (Vec<(String, bool)>, Optio
 
 /// Catches: a handed run whose notice is lost and that never runs (its
 /// lease extended although no attempt holds it, or never reaped), one that
-/// runs twice or loses its input, and a worker that stops offering its
-/// slots after it lost a notice.
+/// runs twice or loses its input, a worker that stops offering its slots
+/// after it lost a notice, and one whose offer keeps naming the key of a
+/// lost connection while it stays idle (the listener must have it written
+/// afresh: the test times out without that).
 #[sqlx::test(migrations = false)]
 async fn a_run_whose_notice_was_lost_runs_after_its_lease_and_the_worker_offers_again(
     _p: PgPoolOptions,
@@ -80,6 +82,30 @@ async fn a_run_whose_notice_was_lost_runs_after_its_lease_and_the_worker_offers_
     assert_eq!(output, Some(json!({"n": 2})));
     let got: Vec<(&str, bool)> = states.iter().map(|(s, by)| (s.as_str(), *by)).collect();
     assert_eq!(got, [("running", true), ("completed", false)], "not handed on again");
+
+    // A connection lost while the worker is idle, with no run in its notice
+    // (the test's own notice on the worker's channel): nothing makes the
+    // worker busy, so only the listener's new key has its offer written
+    // again. The old row names a key no connection holds; a send that met it
+    // would delete it and hand nothing on.
+    let (old_key, channel): (i64, String) =
+        sqlx::query_as("SELECT lock_key, channel FROM durastep.worker_offers").fetch_one(engine.pool()).await.unwrap();
+    failpoints::set("notice-lost", "1*error");
+    sqlx::query("SELECT pg_notify($1, 'not a hand-over')").bind(&channel).execute(engine.pool()).await.unwrap();
+    wait_for("the offer written again under the listener's new key", WAIT, || async {
+        let key: Option<i64> = sqlx::query_scalar("SELECT lock_key FROM durastep.worker_offers WHERE slots > 0")
+            .fetch_optional(engine.pool())
+            .await?;
+        Ok(key.filter(|k| *k != old_key))
+    })
+    .await
+    .unwrap();
+    assert_eq!(failpoints::hits("notice-lost"), 1, "the test's notice never reached the listener");
+    failpoints::set("notice-lost", "off");
+    let (states, output) = send_and_finish(&sender, 3).await;
+    assert_eq!(output, Some(json!({"n": 3})));
+    let got: Vec<(&str, bool)> = states.iter().map(|(s, by)| (s.as_str(), *by)).collect();
+    assert_eq!(got, [("running", true), ("completed", false)], "not handed on after an idle reconnect");
     worker.request_stop();
     worker.stop().await.unwrap();
 }
