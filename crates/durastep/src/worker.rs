@@ -380,8 +380,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                         // this worker has filled since: another worker may run
                         // it now (as a run claimed ahead that waited too long).
                         crate::failpoint!("offer-full");
-                        let r = Ready { tally: h.tally, ..Ready::unheld(h.run, h.received) };
-                        spawn_give_back(&mut executors, &engine, r);
+                        spawn_give_back(&mut executors, &engine, Ready::unheld(h.run, h.received, h.tally));
                         continue;
                     }
                     let r = hold(&held, &waiting_lost, h.run, h.sent, h.received, true);
@@ -427,7 +426,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         }
         handed.close();
         while let Ok(h) = handed.try_recv() {
-            ready.push_back(Ready { tally: h.tally, ..Ready::unheld(h.run, h.received) });
+            ready.push_back(Ready::unheld(h.run, h.received, h.tally));
         }
         // No more claims; a claim in flight is awaited, so that its runs are
         // given back with those claimed ahead.
@@ -439,7 +438,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             if let ClaimDone { result: Ok((claimed, _)), received, .. } = done {
                 let tally = claim_records::tally(&claimed, &ended_claims);
                 for run in claimed {
-                    ready.push_back(Ready { tally: tally.clone(), ..Ready::unheld(run, received) });
+                    ready.push_back(Ready::unheld(run, received, tally.clone()));
                 }
             }
         }
@@ -588,10 +587,10 @@ struct Ready {
 
 impl Ready {
     /// A run this worker never held, only to be given back (its fence, its
-    /// place): nothing waits on its `lost` or `ending`. The caller sets the
-    /// `tally` of its claim record, counted down once it is given back.
-    fn unheld(run: ClaimedRun, received: Instant) -> Ready {
-        Ready { run, lost: CancellationToken::new(), ending: Arc::default(), received, fast: true, tally: None }
+    /// place): nothing waits on its `lost` or `ending`; `tally` is its claim
+    /// record's, counted down once it is given back.
+    fn unheld(run: ClaimedRun, received: Instant, tally: Option<Arc<ClaimTally>>) -> Ready {
+        Ready { run, lost: CancellationToken::new(), ending: Arc::default(), received, fast: true, tally }
     }
 }
 
