@@ -1741,7 +1741,7 @@ impl Engine {
         } else if states.is_empty() {
             return Ok(Vec::new());
         }
-        let mut q = sql::RunQuery {
+        let q = sql::RunQuery {
             function: filter.function.as_deref(),
             states: &states,
             created_after: filter.created_after,
@@ -1753,39 +1753,31 @@ impl Engine {
             limit: store::PRUNE_BATCH,
         };
         let mut replayed = Vec::new();
-        // Every run tried once: a run replayed here that a worker ran and
-        // failed again before the next batch was listed matches again, and
-        // is not replayed a second time (nor, failing at once each time,
-        // forever). The listing reads past the runs tried already.
-        let mut tried: std::collections::HashSet<Uuid> = std::collections::HashSet::new();
+        // Every run tried once: each batch lists the matching runs after the
+        // last one of the batch before (in the order they were created), so a
+        // run replayed here that a worker ran and failed again before the next
+        // batch was listed is not replayed a second time (nor, failing at once
+        // each time, forever).
+        let mut after = None;
         loop {
-            q.limit = store::PRUNE_BATCH + i64::try_from(tried.len()).unwrap_or(i64::MAX - store::PRUNE_BATCH);
-            let ids: Vec<Uuid> = sql::matching_run_ids(self.pool(), &q)
-                .await
-                .map_err(from_sqlx)?
-                .into_iter()
-                .filter(|id| !tried.contains(id))
-                .take(usize::try_from(store::PRUNE_BATCH).unwrap_or(usize::MAX))
-                .collect();
-            if ids.is_empty() {
+            let batch = sql::matching_run_ids(self.pool(), &q, after).await.map_err(from_sqlx)?;
+            let Some(&(last, created)) = batch.last() else {
                 return Ok(replayed);
-            }
-            tried.extend(ids.iter().copied());
+            };
+            after = Some((created, last));
+            let ids: Vec<Uuid> = batch.into_iter().map(|(id, _)| id).collect();
             let first = ids[0];
             let mut conn = self.pool().acquire().await.map_err(from_sqlx)?;
             let outcome =
                 store::replay(&mut conn, &ids, from == ReplayFrom::Start).await.map_err(|e| replay_error(e, first))?;
-            let before = replayed.len();
+            // A run that changed state since it was listed no longer matches
+            // and is left as it is.
             replayed.extend(
                 outcome
                     .into_iter()
                     .filter(|(_, o)| matches!(o, Some(store::ReplayOutcome::Replayed)))
                     .map(|(id, _)| id),
             );
-            // Runs that changed state meanwhile no longer match; none replayed: done.
-            if replayed.len() == before {
-                return Ok(replayed);
-            }
         }
     }
 

@@ -207,6 +207,61 @@ async fn replay_returns_the_run_as_it_queued_it_even_when_a_worker_takes_it_at_o
     w.stop().await;
 }
 
+/// Catches: a bulk replay whose batches lose or repeat runs where a batch
+/// ends among the runs with random ids (stored before migration 0021) or
+/// where the walk passes on to the time-ordered ones, and one that replays a
+/// run a second time, or forever, when it fails again while the call goes
+/// on. 520 failed runs with random ids and 100 with time-ordered ones: the
+/// first batch of 500 ends among the first kind, the second takes the last
+/// 20 of them and the 100. A worker runs the replayed runs meanwhile, and
+/// each fails again at once.
+#[sqlx::test(migrations = false)]
+async fn replay_many_walks_both_kinds_of_ids_in_batches_once_while_runs_fail_again(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let dead = Function::new("dead")
+        .on_event("dead/go")
+        .retries(0)
+        .handler(|_: Ctx, _: Value| async move { Err::<(), _>(HandlerError::permanent("mailbox full")) });
+    let engine = common::engine(&opts, vec![dead]).await;
+    let pool = engine.pool();
+    engine.send_batch((0..100).map(|i| Event::new("dead/go", &json!({"i": i}))).collect()).await.unwrap();
+    let w = common::spawn_worker(&engine);
+    common::wait_until("the 100 runs failed", || async {
+        common::count(&engine, "durastep.runs WHERE state = 'failed'").await == 100
+    })
+    .await;
+    sqlx::query(
+        "WITH ev AS (INSERT INTO durastep.events (id, name, payload)
+                     SELECT gen_random_uuid(), 'dead/go', jsonb_build_object('old', i)
+                       FROM generate_series(1, 520) i RETURNING id, (payload ->> 'old')::int AS i)
+         INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, attempt, max_attempts, created_at,
+                                    finished_at, last_error)
+         SELECT gen_random_uuid(), 'dead', ev.id, 'failed', durastep.now(), 1, 1,
+                durastep.now() - make_interval(secs => ev.i), durastep.now(), 'old' FROM ev",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let all: HashSet<uuid::Uuid> =
+        sqlx::query_scalar("SELECT id FROM durastep.runs").fetch_all(pool).await.unwrap().into_iter().collect();
+    assert_eq!(all.len(), 620);
+
+    let filter = RunFilter::new().function("dead").state(RunState::Failed);
+    let replayed = tokio::time::timeout(common::DEADLINE, engine.replay_many(&filter, ReplayFrom::Start))
+        .await
+        .expect("replay_many never ended")
+        .unwrap();
+    assert_eq!(replayed.len(), 620, "a run replayed twice or left out");
+    assert_eq!(replayed.iter().copied().collect::<HashSet<_>>(), all);
+    common::wait_until("the 620 runs failed again", || async {
+        common::count(&engine, "durastep.runs WHERE state = 'failed'").await == 620
+    })
+    .await;
+    w.stop().await;
+}
+
 /// Catches: a bulk replay that misses runs past the first batch, touches
 /// another function's or a live run, or replays a run twice.
 #[sqlx::test(migrations = false)]

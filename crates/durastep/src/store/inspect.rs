@@ -173,18 +173,37 @@ pub(crate) async fn list_runs(pool: &PgPool, q: &RunQuery<'_>) -> Result<Vec<Run
 }
 
 /// The ids of the runs matching the filter (up to `limit`), oldest first, for
-/// bulk actions: the legacy ids first, then the time-ordered ones ([`Ids`]).
-pub(crate) async fn matching_run_ids(pool: &PgPool, q: &RunQuery<'_>) -> Result<Vec<Uuid>, sqlx::Error> {
+/// bulk actions: the legacy ids first, then the time-ordered ones ([`Ids`]),
+/// each with its `created_at`. Keyset paginated: only runs after `after`
+/// (the last run of the previous batch); the cursor's id says which kind the
+/// batch goes on with, as in [`list_runs`].
+pub(crate) async fn matching_run_ids(
+    pool: &PgPool,
+    q: &RunQuery<'_>,
+    after: Option<(DateTime<Utc>, Uuid)>,
+) -> Result<Vec<(Uuid, DateTime<Utc>)>, sqlx::Error> {
+    let from = after.map_or(Ids::Legacy, |(_, id)| Ids::of(id));
     let mut out = Vec::new();
     for ids in [Ids::Legacy, Ids::TimeOrdered] {
         let left = q.limit - out.len() as i64;
-        if left <= 0 {
-            break;
+        if (ids == Ids::Legacy && from == Ids::TimeOrdered) || left <= 0 {
+            continue;
         }
-        let mut b = QueryBuilder::new("SELECT r.id FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id");
+        let mut b = QueryBuilder::new(
+            "SELECT r.id, r.created_at FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id",
+        );
         push_run_filter(&mut b, q, ids);
+        match (after, ids) {
+            (Some((t, id)), Ids::Legacy) => {
+                b.push(" AND (r.created_at, r.id) > (").push_bind(t).push(", ").push_bind(id).push(")");
+            }
+            (Some((_, id)), Ids::TimeOrdered) if from == Ids::TimeOrdered => {
+                b.push(" AND r.id > ").push_bind(id);
+            }
+            _ => {}
+        }
         b.push(ids.oldest_first()).push(" LIMIT ").push_bind(left);
-        out.extend(b.build_query_scalar::<Uuid>().fetch_all(pool).await?);
+        out.extend(b.build_query_as::<(Uuid, DateTime<Utc>)>().fetch_all(pool).await?);
     }
     Ok(out)
 }
