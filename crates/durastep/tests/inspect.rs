@@ -182,6 +182,14 @@ async fn a_replay_from_the_start_forgets_the_journal(_p: PgPoolOptions, opts: Pg
     w.stop().await;
 }
 
+/// A function `id` on `event` whose every attempt fails permanently with `error`.
+fn dead_on_arrival(id: &str, event: &str, error: &'static str) -> Function {
+    Function::new(id)
+        .on_event(event)
+        .retries(0)
+        .handler(move |_: Ctx, _: Value| async move { Err::<(), _>(HandlerError::permanent(error)) })
+}
+
 /// Catches: `replay` returning the run as read after its commit, when a
 /// listening worker may already have claimed it (seen in CI: `Running` where
 /// the docs promise `Queued`). The run is read back in the replay's own
@@ -191,10 +199,7 @@ async fn replay_returns_the_run_as_it_queued_it_even_when_a_worker_takes_it_at_o
     _p: PgPoolOptions,
     opts: PgConnectOptions,
 ) {
-    let f = Function::new("refused")
-        .on_event("refused/go")
-        .retries(0)
-        .handler(|_: Ctx, _: Value| async move { Err::<(), _>(HandlerError::permanent("422 refused")) });
+    let f = dead_on_arrival("refused", "refused/go", "422 refused");
     let engine = common::engine(&opts, vec![f]).await;
     let id = engine.send(Event::new("refused/go", &json!({}))).await.unwrap().run_ids[0];
     let w = common::spawn_worker(&engine);
@@ -220,10 +225,7 @@ async fn replay_many_walks_both_kinds_of_ids_in_batches_once_while_runs_fail_aga
     _p: PgPoolOptions,
     opts: PgConnectOptions,
 ) {
-    let dead = Function::new("dead")
-        .on_event("dead/go")
-        .retries(0)
-        .handler(|_: Ctx, _: Value| async move { Err::<(), _>(HandlerError::permanent("mailbox full")) });
+    let dead = dead_on_arrival("dead", "dead/go", "mailbox full");
     let engine = common::engine(&opts, vec![dead]).await;
     let pool = engine.pool();
     engine.send_batch((0..100).map(|i| Event::new("dead/go", &json!({"i": i}))).collect()).await.unwrap();
@@ -266,11 +268,7 @@ async fn replay_many_walks_both_kinds_of_ids_in_batches_once_while_runs_fail_aga
 /// another function's or a live run, or replays a run twice.
 #[sqlx::test(migrations = false)]
 async fn replay_many_requeues_exactly_the_matching_dead_runs(_p: PgPoolOptions, opts: PgConnectOptions) {
-    let dead = |id: &str| {
-        Function::new(id).on_event("go").retries(0).handler(|_: Ctx, _: Value| async move {
-            Err::<(), _>(HandlerError::permanent("channel #plaatsingen-2026 not found"))
-        })
-    };
+    let dead = |id: &str| dead_on_arrival(id, "go", "channel #plaatsingen-2026 not found");
     let engine = common::engine(&opts, vec![dead("post"), dead("other")]).await;
     let events: Vec<Event> = (0..620).map(|i| Event::new("go", &json!({"i": i}))).collect();
     engine.send_batch(events).await.unwrap();
