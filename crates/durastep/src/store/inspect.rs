@@ -76,20 +76,53 @@ impl Ids {
             Ids::Legacy => concat!(" WHERE ", legacy!()),
         }
     }
+}
 
-    /// Newest first.
-    fn newest_first(self) -> &'static str {
-        match self {
-            Ids::TimeOrdered => " ORDER BY r.id DESC",
-            Ids::Legacy => " ORDER BY r.created_at DESC, r.id DESC",
-        }
+/// Which way a listing walks the runs: newest first (the pages of the
+/// listings) or oldest first (bulk actions); every time-ordered id is newer
+/// than the others ([`Ids`]).
+#[derive(Clone, Copy)]
+enum Walk {
+    NewestFirst,
+    OldestFirst,
+}
+
+impl Walk {
+    /// The kinds of ids left to walk after `key`, the (created_at, id) of the
+    /// last run of the page before: from the key's kind on, in this walk's
+    /// order; both without a key.
+    fn kinds_from(self, key: Option<(DateTime<Utc>, Uuid)>) -> impl Iterator<Item = Ids> {
+        let kinds = match self {
+            Walk::NewestFirst => [Ids::TimeOrdered, Ids::Legacy],
+            Walk::OldestFirst => [Ids::Legacy, Ids::TimeOrdered],
+        };
+        let passed = key.map_or(0, |(_, id)| usize::from(kinds[0] != Ids::of(id)));
+        kinds.into_iter().skip(passed)
     }
 
-    /// Oldest first.
-    fn oldest_first(self) -> &'static str {
-        match self {
-            Ids::TimeOrdered => " ORDER BY r.id",
-            Ids::Legacy => " ORDER BY r.created_at, r.id",
+    /// Only the runs of kind `ids` past `key`, when the key is of that kind
+    /// (a kind after the key's is walked whole).
+    fn push_past(self, b: &mut QueryBuilder<Postgres>, key: Option<(DateTime<Utc>, Uuid)>, ids: Ids) {
+        let Some((t, id)) = key.filter(|(_, id)| Ids::of(*id) == ids) else { return };
+        let past = match self {
+            Walk::NewestFirst => " < ",
+            Walk::OldestFirst => " > ",
+        };
+        match ids {
+            Ids::TimeOrdered => b.push(" AND r.id").push(past).push_bind(id),
+            Ids::Legacy => {
+                b.push(" AND (r.created_at, r.id)").push(past).push("(").push_bind(t).push(", ").push_bind(id).push(")")
+            }
+        };
+    }
+
+    /// The `ORDER BY` of kind `ids` in this walk.
+    fn order(self, ids: Ids) -> &'static str {
+        match (self, ids) {
+            (Walk::NewestFirst, Ids::TimeOrdered) => " ORDER BY r.id DESC",
+            (Walk::NewestFirst, Ids::Legacy) => " ORDER BY r.created_at DESC, r.id DESC",
+            (Walk::OldestFirst, Ids::TimeOrdered) => " ORDER BY r.id",
+            (Walk::OldestFirst, Ids::Legacy) => " ORDER BY r.created_at, r.id",
         }
     }
 }
@@ -143,12 +176,11 @@ fn push_run_filter(b: &mut QueryBuilder<Postgres>, q: &RunQuery<'_>, ids: Ids) {
 /// Newest first is by id for time-ordered ids, then by `created_at` for the
 /// others ([`Ids`]); the cursor's id says which kind the page goes on with.
 pub(crate) async fn list_runs(pool: &PgPool, q: &RunQuery<'_>) -> Result<Vec<RunListRow>, sqlx::Error> {
-    let from = q.before.map_or(Ids::TimeOrdered, |(_, id)| Ids::of(id));
     let mut rows = Vec::new();
-    for ids in [Ids::TimeOrdered, Ids::Legacy] {
+    for ids in Walk::NewestFirst.kinds_from(q.before) {
         let left = q.limit - rows.len() as i64;
-        if (ids == Ids::TimeOrdered && from == Ids::Legacy) || left <= 0 {
-            continue;
+        if left <= 0 {
+            break;
         }
         let mut b = QueryBuilder::new(
             "SELECT r.id, r.function_id, r.event_id, e.name AS event_name, e.idempotency_key, r.state, r.attempt,
@@ -157,16 +189,8 @@ pub(crate) async fn list_runs(pool: &PgPool, q: &RunQuery<'_>) -> Result<Vec<Run
                FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id",
         );
         push_run_filter(&mut b, q, ids);
-        match (q.before, ids) {
-            (Some((_, id)), Ids::TimeOrdered) => {
-                b.push(" AND r.id < ").push_bind(id);
-            }
-            (Some((t, id)), Ids::Legacy) if from == Ids::Legacy => {
-                b.push(" AND (r.created_at, r.id) < (").push_bind(t).push(", ").push_bind(id).push(")");
-            }
-            _ => {}
-        }
-        b.push(ids.newest_first()).push(" LIMIT ").push_bind(left);
+        Walk::NewestFirst.push_past(&mut b, q.before, ids);
+        b.push(Walk::NewestFirst.order(ids)).push(" LIMIT ").push_bind(left);
         rows.extend(b.build_query_as::<RunListRow>().fetch_all(pool).await?);
     }
     Ok(rows)
@@ -182,27 +206,18 @@ pub(crate) async fn matching_run_ids(
     q: &RunQuery<'_>,
     after: Option<(DateTime<Utc>, Uuid)>,
 ) -> Result<Vec<(Uuid, DateTime<Utc>)>, sqlx::Error> {
-    let from = after.map_or(Ids::Legacy, |(_, id)| Ids::of(id));
     let mut out = Vec::new();
-    for ids in [Ids::Legacy, Ids::TimeOrdered] {
+    for ids in Walk::OldestFirst.kinds_from(after) {
         let left = q.limit - out.len() as i64;
-        if (ids == Ids::Legacy && from == Ids::TimeOrdered) || left <= 0 {
-            continue;
+        if left <= 0 {
+            break;
         }
         let mut b = QueryBuilder::new(
             "SELECT r.id, r.created_at FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id",
         );
         push_run_filter(&mut b, q, ids);
-        match (after, ids) {
-            (Some((t, id)), Ids::Legacy) => {
-                b.push(" AND (r.created_at, r.id) > (").push_bind(t).push(", ").push_bind(id).push(")");
-            }
-            (Some((_, id)), Ids::TimeOrdered) if from == Ids::TimeOrdered => {
-                b.push(" AND r.id > ").push_bind(id);
-            }
-            _ => {}
-        }
-        b.push(ids.oldest_first()).push(" LIMIT ").push_bind(left);
+        Walk::OldestFirst.push_past(&mut b, after, ids);
+        b.push(Walk::OldestFirst.order(ids)).push(" LIMIT ").push_bind(left);
         out.extend(b.build_query_as::<(Uuid, DateTime<Utc>)>().fetch_all(pool).await?);
     }
     Ok(out)
