@@ -88,8 +88,15 @@ async fn a_run_whose_notice_was_lost_runs_after_its_lease_and_the_worker_offers_
     // worker busy, so only the listener's new key has its offer written
     // again. The old row names a key no connection holds; a send that met it
     // would delete it and hand nothing on.
-    let (old_key, channel): (i64, String) =
-        sqlx::query_as("SELECT lock_key, channel FROM durastep.worker_offers").fetch_one(engine.pool()).await.unwrap();
+    // The offer once the worker is idle again (busy a moment with the last
+    // run, it may have withdrawn it).
+    let (old_key, channel): (i64, String) = wait_for("the idle worker's offer", WAIT, || async {
+        Ok(sqlx::query_as("SELECT lock_key, channel FROM durastep.worker_offers WHERE slots > 0")
+            .fetch_optional(engine.pool())
+            .await?)
+    })
+    .await
+    .unwrap();
     failpoints::set("notice-lost", "1*error");
     sqlx::query("SELECT pg_notify($1, 'not a hand-over')").bind(&channel).execute(engine.pool()).await.unwrap();
     wait_for("the offer written again under the listener's new key", WAIT, || async {
