@@ -8,6 +8,7 @@
 //! not stored, a worker that died) the reaper deletes when the record's
 //! first lease has passed.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,17 +19,37 @@ use tokio_util::sync::CancellationToken;
 
 use crate::store::{self, ClaimedRun};
 
-/// The records whose attempts have all ended here, to delete.
+/// The records whose attempts have all ended here, to delete; and the
+/// records of runs handed through the worker's offer that it has heard of
+/// and not yet ended.
 #[derive(Default)]
 pub(crate) struct EndedClaims {
     ids: Mutex<Vec<i64>>,
     notify: Notify,
+    /// Heard of by their notice, or found after the listener connected again
+    /// (`crate::offers`): a record in here is not started a second time. It
+    /// leaves when its tally ends, after its runs' ends or give-backs are
+    /// stored, so a record found later lists no run still running here.
+    heard: Mutex<HashSet<i64>>,
 }
 
 impl EndedClaims {
     fn push(&self, id: i64) {
+        self.forget(id);
         self.ids.lock().unwrap_or_else(|p| p.into_inner()).push(id);
         self.notify.notify_one();
+    }
+
+    /// Notes that the worker takes the runs of the handed record `id`:
+    /// false when it already did.
+    pub(crate) fn hear(&self, id: i64) -> bool {
+        self.heard.lock().unwrap_or_else(|p| p.into_inner()).insert(id)
+    }
+
+    /// The handed record `id` started no run here (none was still running
+    /// for this worker, or reading them failed).
+    pub(crate) fn forget(&self, id: i64) {
+        self.heard.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
     }
 
     fn take(&self) -> Vec<i64> {

@@ -105,6 +105,12 @@ impl Handoff {
     pub(crate) fn offer(&self, slots: usize) {
         self.open.store(slots, Ordering::Release);
     }
+
+    /// The worker's claim records, by which it tells a handed record it has
+    /// taken from one it has not (`EndedClaims::hear`).
+    pub(crate) fn records(&self) -> &EndedClaims {
+        &self.ended
+    }
 }
 
 /// A worker's wake-up: it ends the claim loop's wait, for the classes of

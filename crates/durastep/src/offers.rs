@@ -200,33 +200,131 @@ pub(crate) async fn publish_loop(pool: PgPool, offers: Arc<Offers>, stop: Cancel
     withdraw(&pool, &offers).await;
 }
 
+/// How a marker of [`Offers::list_handed`] starts, on the worker's channel
+/// (a send's notice is a JSON object).
+const MARKER: &str = "listed ";
+
+/// The records of runs handed through the worker's offer, listed by its
+/// listener after it connected again, to take once its marker comes back.
+pub(crate) struct Listed {
+    marker: String,
+    records: Vec<store::HandedRecord>,
+}
+
+impl Offers {
+    /// Lists the records of runs handed through this worker's offer that
+    /// are still in the database (`store::offered_records`), after its
+    /// listener connected again: a notice it was sent meanwhile or before may
+    /// have died with the old connection. None when there is none, or the
+    /// list failed (their runs then wait for their leases, as before).
+    pub(crate) async fn list_handed(&self, pool: &PgPool) -> Option<Listed> {
+        let marker = format!("{MARKER}{}", Uuid::new_v4().simple());
+        match store::offered_records(pool, self.worker_id, &self.channel, &marker).await {
+            Ok(records) if records.is_empty() => None,
+            Ok(records) => Some(Listed { marker, records }),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list the runs handed to this worker; a lost notice's runs wait for their leases");
+                None
+            }
+        }
+    }
+}
+
+/// What the listener read on the worker's channel: a send's notice of runs
+/// it handed on, or the marker of its own list (`listed`), which says that
+/// every notice of a listed record that reached the listener has been read.
+/// A record is taken once: by its notice, or, if that never came, from the
+/// list. Anything else is ignored.
+pub(crate) fn heard(
+    pool: &PgPool,
+    offers: &Arc<Offers>,
+    handoff: &Arc<Handoff>,
+    listed: &mut Option<Listed>,
+    payload: &str,
+) {
+    if is_marker(payload) {
+        let Some(found) = listed.take_if(|l| l.marker == payload) else {
+            // An earlier connection's list: a new one was made since.
+            return;
+        };
+        for record in found.records {
+            if handoff.records().hear(record.claim) {
+                tokio::spawn(take_found(pool.clone(), offers.clone(), handoff.clone(), record));
+            }
+        }
+        return;
+    }
+    let Some(notice) = store::HandNotice::parse(payload) else {
+        tracing::warn!(payload, "a hand-over this worker cannot read; ignored");
+        return;
+    };
+    if handoff.records().hear(notice.claim()) {
+        tokio::spawn(take_handed(pool.clone(), offers.clone(), handoff.clone(), notice));
+    } else {
+        tracing::debug!(claim = notice.claim(), "a hand-over already taken from the list of a reconnect");
+    }
+}
+
+/// Whether `payload` on the worker's channel is a marker of its own list.
+pub(crate) fn is_marker(payload: &str) -> bool {
+    payload.starts_with(MARKER)
+}
+
 /// The runs a send handed to this worker, named in its notice on the
 /// worker's channel, handed to its claim loop. Their leases run from the
 /// send's commit: a run read back counts from what was left of its lease
 /// then; a run taken from the notice from its arrival, less a tenth of the
 /// lease for the notice's way (the heartbeat extends a lease long before
 /// that matters, and a lapsed lease is fenced in the database, not here). A
-/// notice that does not parse, or a run no longer running for this worker
-/// under that epoch, starts nothing (its lease then lapses, and a reaper
-/// takes it back).
-pub(crate) async fn take_handed(pool: PgPool, offers: Arc<Offers>, handoff: Arc<Handoff>, payload: String) {
-    let Some(notice) = store::HandNotice::parse(&payload) else {
-        tracing::warn!(payload, "a hand-over this worker cannot read; ignored");
-        return;
-    };
+/// run no longer running for this worker under that epoch starts nothing
+/// (its lease then lapses, and a reaper takes it back). The listener has
+/// noted the notice's record as heard (`EndedClaims::hear`).
+pub(crate) async fn take_handed(pool: PgPool, offers: Arc<Offers>, handoff: Arc<Handoff>, notice: store::HandNotice) {
     offers.taken(notice.len());
+    let claim = notice.claim();
     let received = Instant::now();
-    match store::handed_runs(&pool, offers.worker_id, notice).await {
-        Ok(handed) => {
+    let handed = store::handed_runs(&pool, offers.worker_id, notice).await;
+    deliver(&pool, &offers, &handoff, claim, handed, received).await;
+}
+
+/// The runs of a record handed to this worker through its offer whose notice
+/// its listener never read (the connection died with it, or before it came),
+/// found after the listener connected again (`store::offered_records`): those
+/// still running for this worker are read back and started as a notice's are.
+/// The listener has noted the record as heard.
+pub(crate) async fn take_found(pool: PgPool, offers: Arc<Offers>, handoff: Arc<Handoff>, record: store::HandedRecord) {
+    let received = Instant::now();
+    let handed = store::read_handed(&pool, offers.worker_id, &record).await;
+    if handed.as_ref().is_ok_and(|h| !h.is_empty()) {
+        tracing::info!(claim = record.claim, "runs handed on through a notice this worker never read; starting them");
+    }
+    deliver(&pool, &offers, &handoff, record.claim, handed, received).await;
+}
+
+async fn deliver(
+    pool: &PgPool,
+    offers: &Offers,
+    handoff: &Handoff,
+    claim: i64,
+    handed: Result<Vec<store::HandedRun>, sqlx::Error>,
+    received: Instant,
+) {
+    match handed {
+        Ok(handed) if !handed.is_empty() => {
             let used = handed
                 .iter()
                 .map(|h| h.lease_left.map_or(offers.lease / 10, |left| offers.lease.saturating_sub(left)))
                 .max()
                 .unwrap_or_default();
             let sent = received.checked_sub(used).unwrap_or(received);
-            handoff.deliver(&pool, handed.into_iter().map(|h| h.run).collect(), sent, Via::Offer).await;
+            handoff.deliver(pool, handed.into_iter().map(|h| h.run).collect(), sent, Via::Offer).await;
         }
-        Err(e) => tracing::warn!(error = %e, "could not read the runs handed to this worker; their leases will lapse"),
+        // Nothing of it runs here: a later reconnect may look at it again.
+        Ok(_) => handoff.records().forget(claim),
+        Err(e) => {
+            handoff.records().forget(claim);
+            tracing::warn!(error = %e, "could not read the runs handed to this worker; their leases will lapse");
+        }
     }
 }
 

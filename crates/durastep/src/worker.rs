@@ -1249,6 +1249,8 @@ async fn listen_loop(
 ) {
     let mut backoff = Duration::from_millis(100);
     let hand_channel = offers.as_ref().map(|o| o.channel().to_owned());
+    // The first connection has no notice to have lost.
+    let mut connected_before = false;
     loop {
         let listener = async {
             let mut l = sqlx::postgres::PgListener::connect_with(&engine.control_pool).await?;
@@ -1273,33 +1275,37 @@ async fn listen_loop(
             _ = stop.cancelled() => return,
         };
         backoff = Duration::from_millis(100);
-        // A reconnect may have missed notifications: wake once.
+        // A reconnect may have missed notifications: wake once, and look for
+        // runs handed on whose notices died with the old connection.
         wake.classes([true, true]);
+        let mut listed = match &offers {
+            Some(offers) if connected_before => offers.list_handed(&engine.pool).await,
+            _ => None,
+        };
+        connected_before = true;
         loop {
             tokio::select! {
                 n = listener.try_recv() => match n {
                     Ok(Some(n)) if n.channel() == store::CANCEL_CHANNEL => drop_cancelled(&held, n.payload()),
                     Ok(Some(n)) if Some(n.channel()) == hand_channel.as_deref() => {
-                        if crate::failpoint_fires!("notice-lost") {
+                        if !crate::offers::is_marker(n.payload()) && crate::failpoint_fires!("notice-lost") {
                             // As if the connection died with the notice unread.
                             break;
                         }
                         if let Some(offers) = &offers {
-                            tokio::spawn(crate::offers::take_handed(
-                                engine.pool.clone(),
-                                offers.clone(),
-                                handoff.clone(),
-                                n.payload().to_owned(),
-                            ));
+                            crate::offers::heard(&engine.pool, offers, &handoff, &mut listed, n.payload());
                         }
                     }
                     Ok(Some(n)) => wake.classes(classes.woken_by(n.payload())),
                     Ok(None) => {
                         // Connection lost and re-established by sqlx: the old
-                        // connection's lock went with it.
+                        // connection's lock went with it, and maybe notices.
                         wake.classes([true, true]);
                         if hold_key(&mut listener, offers.as_deref()).await.is_err() {
                             break;
+                        }
+                        if let Some(offers) = &offers {
+                            listed = offers.list_handed(&engine.pool).await;
                         }
                     }
                     Err(_) => break,

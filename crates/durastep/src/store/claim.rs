@@ -400,6 +400,21 @@ impl HandNotice {
     pub(crate) fn len(&self) -> usize {
         self.runs.len()
     }
+
+    /// The claim record that lists its runs.
+    pub(crate) fn claim(&self) -> i64 {
+        self.claim
+    }
+}
+
+/// A claim record of runs a send handed to this worker through its offer
+/// (`run_claims.offered_to`, migration 0037), found after the listener
+/// connected again: its runs are read back, as those of a cut notice are.
+#[derive(Debug)]
+pub(crate) struct HandedRecord {
+    pub claim: i64,
+    pub(super) ids: Vec<Uuid>,
+    pub(super) epochs: Vec<i64>,
 }
 
 /// A run a send of any process claimed for this worker, with how much of its
@@ -443,8 +458,24 @@ pub(crate) async fn handed_runs(
             })
             .collect());
     }
-    let (ids, epochs): (Vec<Uuid>, Vec<i64>) = notice.runs.iter().map(|r| (r.id, r.epoch)).unzip();
-    let rows = sqlx::query(HANDED).bind(&ids).bind(&epochs).bind(worker_id).bind(notice.claim).fetch_all(pool).await?;
+    let (ids, epochs) = notice.runs.iter().map(|r| (r.id, r.epoch)).unzip();
+    read_handed(pool, worker_id, &HandedRecord { claim: notice.claim, ids, epochs }).await
+}
+
+/// The runs of `record` still running under their epochs for `worker_id`,
+/// read back with their input as a claim returns it.
+pub(crate) async fn read_handed(
+    pool: &PgPool,
+    worker_id: Uuid,
+    record: &HandedRecord,
+) -> Result<Vec<HandedRun>, sqlx::Error> {
+    let rows = sqlx::query(HANDED)
+        .bind(&record.ids)
+        .bind(&record.epochs)
+        .bind(worker_id)
+        .bind(record.claim)
+        .fetch_all(pool)
+        .await?;
     let lease_left: Vec<f64> = rows.iter().map(|r| r.try_get("lease_left")).collect::<Result<_, _>>()?;
     let (runs, _) = claimed_runs(rows, Records::Stored)?;
     Ok(runs

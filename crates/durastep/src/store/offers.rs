@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use uuid::Uuid;
 
-use super::claim::Handled;
+use super::claim::{HandedRecord, Handled};
 use super::secs;
 
 /// Takes the advisory lock `key` on the listener's connection, for as long as
@@ -59,4 +59,30 @@ pub(crate) async fn publish_offer(pool: &PgPool, offer: &OfferRow<'_>) -> Result
 pub(crate) async fn withdraw_offer(pool: &PgPool, worker_id: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query("DELETE FROM durastep.worker_offers WHERE worker_id = $1").bind(worker_id).execute(pool).await?;
     Ok(())
+}
+
+/// The claim records of the runs sends handed to `worker_id` through its
+/// offer (migration 0037), listed after its listener connected again; then,
+/// in the same transaction, if it found any, `marker` on the worker's channel. Postgres
+/// delivers notifications in the order their transactions commit, so once
+/// the listener reads the marker it has read every notice of these records
+/// that reached it: a record it has not heard of by then lost its notice.
+pub(crate) async fn offered_records(
+    pool: &PgPool,
+    worker_id: Uuid,
+    channel: &str,
+    marker: &str,
+) -> Result<Vec<HandedRecord>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let records = sqlx::query_as::<_, (i64, Vec<Uuid>, Vec<i64>)>(
+        "SELECT id, run_ids, epochs FROM durastep.run_claims WHERE offered_to = $1",
+    )
+    .bind(worker_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    if !records.is_empty() {
+        sqlx::query("SELECT pg_notify($1, $2)").bind(channel).bind(marker).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(records.into_iter().map(|(claim, ids, epochs)| HandedRecord { claim, ids, epochs }).collect())
 }
