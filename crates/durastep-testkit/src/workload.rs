@@ -748,7 +748,7 @@ pub enum Action {
 }
 
 /// The failpoints a plan sets, with the actions it may give them.
-pub const FAILPOINTS: [(&str, &[&str]); 19] = [
+pub const FAILPOINTS: [(&str, &[&str]); 20] = [
     ("claim-after-commit", &["20%error"]),
     ("step-before-body", &["10%error", "3*exit"]),
     ("step-after-body", &["10%error", "2*exit"]),
@@ -768,6 +768,9 @@ pub const FAILPOINTS: [(&str, &[&str]); 19] = [
     ("reaper-between-select-and-update", &["pause(200)", "50%error"]),
     ("claim-before-commit", &["pause(100)"]),
     ("release-before-commit", &["error"]),
+    // A notice of runs a send handed the worker through its offer, lost with
+    // the listener's connection: the worker finds them after the reconnect.
+    ("notice-lost", &["30%error"]),
 ];
 
 /// The SQL the lost-acknowledgement faults cut after.
@@ -790,6 +793,11 @@ pub struct Workload {
     pub config: WorkloadConfig,
     /// Everything the plan does, in time order.
     pub timeline: Vec<Planned>,
+    /// Whether the driver runs a worker of its own (odd seeds). Its one-event
+    /// sends then hand their runs to that worker in memory; without one (even
+    /// seeds) they hand them to idle worker processes through their offers,
+    /// whose notices the `notice-lost` failpoint loses.
+    pub driver_worker: bool,
 }
 
 struct Gen<'a> {
@@ -1088,7 +1096,7 @@ impl Workload {
         timeline.sort_by_key(|(at, _)| *at);
         let timeline =
             timeline.into_iter().map(|(at, action)| Planned { at: Duration::from_millis(at), action }).collect();
-        Workload { seed, config: config.clone(), timeline }
+        Workload { seed, config: config.clone(), timeline, driver_worker: seed % 2 == 1 }
     }
 
     /// A digest of the plan, to compare two generations.

@@ -42,7 +42,12 @@ fn worker_config() -> WorkerConfig {
 }
 
 fn report(name: &str, seed: u64, w: &Workload, out: &Outcome) {
-    eprintln!("{name}: seed {seed}: plan {:?} (fingerprint {:x})", w.summary(), w.fingerprint());
+    eprintln!(
+        "{name}: seed {seed}: plan {:?} (fingerprint {:x}; the driver runs a worker: {})",
+        w.summary(),
+        w.fingerprint(),
+        w.driver_worker
+    );
     eprintln!("{name}: seed {seed}: bugs exercised {:?}", w.config.bugs);
     eprintln!("{name}: seed {seed}: stats {:?}", out.stats);
     eprintln!("{name}: seed {seed}: findings per check {:?}", out.per_check());

@@ -150,9 +150,11 @@ pub async fn run(
     sql::install_observer(&pool).await?;
     // The driver's own engine registers the workload functions (sends fan out to them).
     let ledger = Ledger::with_pool(pool.clone(), "driver");
-    // It also runs a worker of its own, as an application that sends from
-    // the process its worker runs in: a one-event send then hands its run
-    // straight to that worker when it waits idle and nothing else is due.
+    // For odd seeds it also runs a worker of its own, as an application that
+    // sends from the process its worker runs in: a one-event send then hands
+    // its run straight to that worker when it waits idle and nothing else is
+    // due. Without one, such a send hands its run to an idle worker process
+    // through its offer (`Workload::driver_worker`).
     let options = durastep::WorkerOptions {
         max_in_flight: config.max_in_flight,
         claim_batch: config.claim_batch,
@@ -170,7 +172,7 @@ pub async fn run(
         builder = builder.function(f);
     }
     let engine = builder.build().await?;
-    let local_worker = engine.spawn_worker();
+    let local_worker = workload.driver_worker.then(|| engine.spawn_worker());
     let mut config = config;
     config.workload = true;
     if let Some(p) = proxy {
@@ -255,7 +257,9 @@ pub async fn run(
             break;
         }
     }
-    local_worker.stop().await?;
+    if let Some(w) = local_worker {
+        w.stop().await?;
+    }
     out.count("runs_handed_by_their_send", sql::runs_handed_by_their_send(&pool).await?);
     out.count("drain_rounds", rounds);
     out.count("drain_ms", i64::try_from(drained_at.elapsed().as_millis()).unwrap_or(i64::MAX));
