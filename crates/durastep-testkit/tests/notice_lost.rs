@@ -140,7 +140,7 @@ fn counted() -> Function {
 #[sqlx::test(migrations = false)]
 async fn runs_are_started_once_when_notices_are_lost_again_and_again(_p: PgPoolOptions, opts: PgConnectOptions) {
     const TASKS: i64 = 4;
-    const EACH: i64 = 30;
+    const EACH: i64 = 40;
     let _serial = SERIAL.lock().await;
     let engine = handoff_common::engine_with(&opts, handoff_common::options(), vec![counted()]).await;
     let sender = handoff_common::engine_with(&opts, handoff_common::options(), vec![counted()]).await;
