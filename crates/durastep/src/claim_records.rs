@@ -112,3 +112,23 @@ async fn sweep(pool: &PgPool, ended: &EndedClaims) {
         tracing::debug!(error = %e, records = ids.len(), "could not delete ended claim records");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handed_record_is_heard_once_until_its_tally_ends() {
+        let ended = Arc::new(EndedClaims::default());
+        assert!(ended.hear(7));
+        assert!(!ended.hear(7), "a record taken twice");
+        let tally = ClaimTally { id: 7, left: AtomicUsize::new(2), ended: ended.clone() };
+        tally.end();
+        assert!(!ended.hear(7), "forgotten while one of its runs still runs");
+        tally.end();
+        assert_eq!(ended.take(), [7], "queued for deletion once both ended");
+        assert!(ended.hear(7), "still noted after its tally ended");
+        ended.forget(7);
+        assert!(ended.hear(7), "still noted after it was forgotten");
+    }
+}

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
+use sqlx::postgres::PgListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -217,9 +218,9 @@ impl Offers {
     /// listener connected again: a notice it was sent meanwhile or before may
     /// have died with the old connection. None when there is none, or the
     /// list failed (their runs then wait for their leases, as before).
-    pub(crate) async fn list_handed(&self, pool: &PgPool) -> Option<Listed> {
+    pub(crate) async fn list_handed(&self, listener: &mut PgListener) -> Option<Listed> {
         let marker = format!("{MARKER}{}", Uuid::new_v4().simple());
-        match store::offered_records(pool, self.worker_id, &self.channel, &marker).await {
+        match store::offered_records(listener, self.worker_id, &self.channel, &marker).await {
             Ok(records) if records.is_empty() => None,
             Ok(records) => Some(Listed { marker, records }),
             Err(e) => {

@@ -1279,7 +1279,7 @@ async fn listen_loop(
         // runs handed on whose notices died with the old connection.
         wake.classes([true, true]);
         let mut listed = match &offers {
-            Some(offers) if connected_before => offers.list_handed(&engine.pool).await,
+            Some(offers) if connected_before => offers.list_handed(&mut listener).await,
             _ => None,
         };
         connected_before = true;
@@ -1305,7 +1305,7 @@ async fn listen_loop(
                             break;
                         }
                         if let Some(offers) = &offers {
-                            listed = offers.list_handed(&engine.pool).await;
+                            listed = offers.list_handed(&mut listener).await;
                         }
                     }
                     Err(_) => break,

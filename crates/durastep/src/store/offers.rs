@@ -62,27 +62,28 @@ pub(crate) async fn withdraw_offer(pool: &PgPool, worker_id: Uuid) -> Result<(),
 }
 
 /// The claim records of the runs sends handed to `worker_id` through its
-/// offer (migration 0037), listed after its listener connected again; then,
-/// in the same transaction, if it found any, `marker` on the worker's channel. Postgres
-/// delivers notifications in the order their transactions commit, so once
-/// the listener reads the marker it has read every notice of these records
-/// that reached it: a record it has not heard of by then lost its notice.
+/// offer (migration 0037), listed on the listener's own connection after it
+/// connected again (no wait for the pool); in the same statement, if it found
+/// any, `marker` on the worker's channel. Postgres delivers notifications in
+/// the order their transactions commit, so once the listener reads the
+/// marker it has read every notice of these records that reached it: a
+/// record it has not heard of by then lost its notice.
 pub(crate) async fn offered_records(
-    pool: &PgPool,
+    listener: &mut PgListener,
     worker_id: Uuid,
     channel: &str,
     marker: &str,
 ) -> Result<Vec<HandedRecord>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
     let records = sqlx::query_as::<_, (i64, Vec<Uuid>, Vec<i64>)>(
-        "SELECT id, run_ids, epochs FROM durastep.run_claims WHERE offered_to = $1",
+        "WITH listed AS MATERIALIZED (
+              SELECT id, run_ids, epochs FROM durastep.run_claims WHERE offered_to = $1),
+              marked AS MATERIALIZED (SELECT pg_notify($2, $3) FROM listed LIMIT 1)
+         SELECT l.id, l.run_ids, l.epochs FROM listed l, (SELECT count(*) FROM marked) m",
     )
     .bind(worker_id)
-    .fetch_all(&mut *tx)
+    .bind(channel)
+    .bind(marker)
+    .fetch_all(listener)
     .await?;
-    if !records.is_empty() {
-        sqlx::query("SELECT pg_notify($1, $2)").bind(channel).bind(marker).execute(&mut *tx).await?;
-    }
-    tx.commit().await?;
     Ok(records.into_iter().map(|(claim, ids, epochs)| HandedRecord { claim, ids, epochs }).collect())
 }
