@@ -166,6 +166,33 @@ async fn a_run_claimed_ahead_is_given_back_when_no_slot_frees(_p: PgPoolOptions,
     wb.stop().await;
 }
 
+/// Catches: a stopping worker that gives back a run claimed ahead without
+/// counting it off its claim's record (the record would stay until its
+/// first lease passed: a minute here, longer than the test), or that starts
+/// it. Stopped within a second of the claim (before the claimed-ahead run
+/// would be given back for waiting too long), the worker gives the run back
+/// at once and lets the running one finish within its grace; once `stop`
+/// returns, no claim record is left.
+#[sqlx::test(migrations = false)]
+async fn a_run_claimed_ahead_and_given_back_at_shutdown_leaves_no_claim_record(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    common::init_logs();
+    let ahead = common::ahead::Ahead::new();
+    let engine = ahead.engine_with_lease(&opts, common::LONG_LEASE).await;
+    let w = common::spawn_worker(&engine);
+    let (round, blocked, x) = ahead.claimed_ahead(&engine).await;
+    w.request_stop();
+    let back = common::wait_for_run_where(&engine, x, "given back", |r| r.state == RunState::Queued).await;
+    assert_eq!(back.attempt, 1, "{back:?}");
+    ahead.gates[round].open();
+    w.stop().await;
+    assert_eq!(engine.run(blocked).await.unwrap().state, RunState::Completed, "the running run had its grace");
+    assert_eq!(ahead.x_starts.load(Ordering::SeqCst), round as u32, "the run claimed ahead ran user code");
+    assert_eq!(claim_records(&engine).await, (0, 0), "a claim record left after the worker stopped");
+}
+
 /// Catches: a worker that claims more than `claim_ahead` runs ahead of its
 /// slots (G26 bounds by `claim_ahead` how many runs claimed earlier may start
 /// before a higher-priority run that becomes due). Two slots, `claim_ahead:
