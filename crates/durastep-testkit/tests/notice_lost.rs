@@ -189,3 +189,75 @@ async fn runs_are_started_once_when_notices_are_lost_again_and_again(_p: PgPoolO
     worker.request_stop();
     worker.stop().await.unwrap();
 }
+
+/// How often each run of [`gated`] started.
+static GATED_STARTS: LazyLock<Mutex<HashMap<i64, u32>>> = LazyLock::new(Mutex::default);
+
+/// Opens the gate of [`gated`]'s first run.
+static GATE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// `gated`: on `gate`, notes that its attempt started; its first run (`n`
+/// 1) then waits for [`GATE`].
+fn gated() -> Function {
+    Function::new("gated").on_event("gate").handler(|_ctx: Ctx, v: Value| async move {
+        let n = v["n"].as_i64().unwrap_or(-1);
+        *GATED_STARTS.lock().unwrap().entry(n).or_default() += 1;
+        if n == 1 {
+            GATE.notified().await;
+        }
+        Ok(v)
+    })
+}
+
+fn gated_starts(n: i64) -> u32 {
+    GATED_STARTS.lock().unwrap().get(&n).copied().unwrap_or(0)
+}
+
+/// Catches: a record the worker took by its notice that a later reconnect
+/// lists again while its run still runs, read back then as running, and
+/// started again once the run has ended and left the worker's held runs (the
+/// claim loop's own check no longer sees it). Run 1 is handed on by its
+/// notice and held running; run 2's notice is lost, so the listener's list,
+/// after the reconnect, names both records. The `found-before-start`
+/// failpoint holds every found record between its read and its start: the
+/// worker must find run 2's alone, and after run 1 has ended and run 2 has
+/// started, run 1 must still have started once.
+#[sqlx::test(migrations = false)]
+async fn a_record_taken_by_its_notice_is_not_taken_again_from_a_later_list(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let _serial = SERIAL.lock().await;
+    let engine = handoff_common::engine_with(&opts, handoff_common::options(), vec![gated()]).await;
+    let sender = handoff_common::engine_with(&opts, handoff_common::options(), vec![gated()]).await;
+    let worker = engine.spawn_worker();
+    wait_for("the idle worker's offer", WAIT, || offered(&engine)).await.unwrap();
+    failpoints::set("found-before-start", "block");
+
+    let first = sender.send(Event::new("gate", &json!({"n": 1}))).await.unwrap();
+    wait_for("run 1 to start", WAIT, || async { Ok((gated_starts(1) == 1).then_some(())) }).await.unwrap();
+    let got: Vec<(String, bool)> = handoff_common::history(&sender, first.run_ids[0], first.event_id).await;
+    assert_eq!(got.first().map(|(s, by)| (s.as_str(), *by)), Some(("running", true)), "run 1 not handed on");
+
+    // Run 2's notice is lost; the worker, with 63 slots free, still offers.
+    wait_for("the worker's offer beside run 1", WAIT, || offered(&engine)).await.unwrap();
+    failpoints::set("notice-lost", "1*error");
+    let second = sender.send(Event::new("gate", &json!({"n": 2}))).await.unwrap();
+    wait_for("run 2's record found and held", WAIT, || async {
+        Ok((failpoints::blocked("found-before-start") >= 1).then_some(()))
+    })
+    .await
+    .unwrap();
+    assert_eq!(failpoints::hits("notice-lost"), 1, "run 2's notice never reached the listener");
+    failpoints::set("notice-lost", "off");
+
+    // Run 1 ends and leaves the worker; then the found records go on.
+    GATE.notify_one();
+    assert_eq!(handoff_common::finished(&sender, first.run_ids[0]).await.output, Some(json!({"n": 1})));
+    failpoints::release("found-before-start");
+    assert_eq!(handoff_common::finished(&sender, second.run_ids[0]).await.output, Some(json!({"n": 2})));
+    let got: Vec<(String, bool)> = handoff_common::history(&sender, second.run_ids[0], second.event_id).await;
+    let got: Vec<(&str, bool)> = got.iter().map(|(s, by)| (s.as_str(), *by)).collect();
+    assert_eq!(got, [("running", true), ("completed", false)], "run 2 not the handed attempt, found");
+    // A second start of run 1 would have come with run 2's.
+    worker.request_stop();
+    worker.stop().await.unwrap();
+    assert_eq!((gated_starts(1), gated_starts(2)), (1, 1), "a run started other than once");
+}

@@ -296,6 +296,7 @@ pub(crate) async fn take_handed(pool: PgPool, offers: Arc<Offers>, handoff: Arc<
 pub(crate) async fn take_found(pool: PgPool, offers: Arc<Offers>, handoff: Arc<Handoff>, record: store::HandedRecord) {
     let received = Instant::now();
     let handed = store::read_handed(&pool, offers.worker_id, &record).await;
+    crate::failpoint!("found-before-start");
     if handed.as_ref().is_ok_and(|h| !h.is_empty()) {
         tracing::info!(claim = record.claim, "runs handed on through a notice this worker never read; starting them");
     }
