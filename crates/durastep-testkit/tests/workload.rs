@@ -72,6 +72,14 @@ async fn one(name: &str, seed: u64, opts: PgConnectOptions) -> Outcome {
     out
 }
 
+/// The plan handed some runs on in its sends: to the driver's own worker in
+/// memory (odd seeds), or to idle worker processes through their offers (even
+/// seeds, `Workload::driver_worker`), so the fixed seeds cover both paths.
+fn assert_some_handed_on(name: &str, seed: u64, out: &Outcome) {
+    let handed = out.stats.get("runs_handed_by_their_send").copied().unwrap_or(0);
+    assert!(handed > 0, "{name}: seed {seed}: no run handed on by its send: {:?}", out.stats);
+}
+
 fn assert_clean(name: &str, seed: u64, out: &Outcome) {
     assert!(
         out.findings.is_empty(),
@@ -106,15 +114,19 @@ async fn workload_fixed_seed_1(_p: PgPoolOptions, opts: PgConnectOptions) {
     eprintln!("workload_fixed_seed_1: seed {seed}");
     let out = one("workload_fixed_seed_1", seed, opts).await;
     assert_clean("workload_fixed_seed_1", seed, &out);
+    assert_some_handed_on("workload_fixed_seed_1", seed, &out);
 }
 
-/// Like `workload_fixed_seed_1`, another seed.
+/// Like `workload_fixed_seed_1`, another seed, even: the driver runs no
+/// worker, so its one-event sends hand runs to the worker processes through
+/// their offers.
 #[sqlx::test(migrations = false)]
 async fn workload_fixed_seed_2(_p: PgPoolOptions, opts: PgConnectOptions) {
     let seed = 2_202;
     eprintln!("workload_fixed_seed_2: seed {seed}");
     let out = one("workload_fixed_seed_2", seed, opts).await;
     assert_clean("workload_fixed_seed_2", seed, &out);
+    assert_some_handed_on("workload_fixed_seed_2", seed, &out);
 }
 
 /// A new seed each run (printed first; `DURASTEP_SEED` replays it).
