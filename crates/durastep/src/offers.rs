@@ -297,8 +297,16 @@ pub(crate) async fn take_found(pool: PgPool, offers: Arc<Offers>, handoff: Arc<H
     let received = Instant::now();
     let handed = store::read_handed(&pool, offers.worker_id, &record).await;
     crate::failpoint!("found-before-start");
-    if handed.as_ref().is_ok_and(|h| !h.is_empty()) {
-        tracing::info!(claim = record.claim, "runs handed on through a notice this worker never read; starting them");
+    if let Ok(runs) = &handed
+        && !runs.is_empty()
+    {
+        // Handed to the claim loop, which starts them, or gives back those
+        // it has no free slot for (as any run taken through an offer).
+        tracing::info!(
+            claim = record.claim,
+            runs = runs.len(),
+            "found runs handed on through a notice this worker never read"
+        );
     }
     deliver(&pool, &offers, &handoff, record.claim, handed, received).await;
 }
