@@ -175,21 +175,34 @@ async fn runs_has_no_full_index_beyond_its_keys(pool: PgPool) {
     assert!(!minted, "a time-ordered id enters runs_created_legacy: {predicate}");
 }
 
-/// The indexes of `durastep.runs` that a plain run's claim still changes
-/// (it leaves the due queue): every other index must leave claims and
-/// completions HOT-eligible. (`runs_running`, which every claim entered and
-/// every completion left, is gone since migration 0034.)
-const CHANGED_BY_CLAIMS: [&str; 2] = ["runs_due", "runs_next_due"];
+/// The indexes of `durastep.runs` that name a column a plain run's claim or
+/// completion changes: the due queue's two, which a claim leaves by nature,
+/// and the seven of run features whose predicates name `state` (migration
+/// 0038 put them back there: the generated columns 0032 had moved them onto
+/// cost every writer more than the HOT updates they prepared, which never
+/// came; docs/performance.md "Counted instructions"). (`runs_running`, which
+/// every claim entered and every completion left, is gone since migration
+/// 0034.)
+const CHANGED_BY_CLAIMS: [&str; 9] = [
+    "runs_due",
+    "runs_next_due",
+    "runs_singleton",
+    "runs_debounce",
+    "runs_deadline",
+    "runs_start_by",
+    "runs_listed_by_state",
+    "runs_diverged",
+    "runs_attempt_stopping",
+];
 
-/// Catches: an index of `durastep.runs` beyond the two above that names a
+/// Catches: an index of `durastep.runs` beyond the nine above that names a
 /// column a claim or a completion of a plain run changes (`state`,
 /// `started_at`, `worker_id`, `finished_at`, ...), in its key or its
 /// predicate. Postgres keeps an update HOT (no index entry written) only
-/// when no indexed column changes, so such an index keeps every claim and
-/// completion writing an entry into every index; migration 0032 moved eight
-/// of them onto generated columns that a plain run's updates leave NULL, and
-/// 0033 dropped `runs_finished`, which every completion entered, and 0034
-/// `runs_running`. The test drops the two that change by nature, drains runs with the real
+/// when no indexed column changes, so such an index would be one more to
+/// move before claims and completions could be HOT (migration 0033 dropped
+/// `runs_finished`, which every completion entered, and 0034
+/// `runs_running`). The test drops the nine, drains runs with the real
 /// worker, and reads the table's HOT count: with any other blocking index it
 /// is zero.
 #[sqlx::test(migrations = false)]
@@ -200,16 +213,18 @@ async fn claims_and_completions_leave_every_other_index_alone(_p: PgPoolOptions,
         .handler(|ctx: Ctx, n: u32| async move { ctx.step("one", || async move { Ok(n + 1) }).await });
     let engine = common::engine(&opts, vec![f]).await;
     let admin = PgPoolOptions::new().max_connections(1).connect_with(opts.clone()).await.expect("connect");
+    // Room on each page for the new row versions, as a HOT update needs.
+    sqlx::query("ALTER TABLE durastep.runs SET (fillfactor = 50)").execute(&admin).await.expect("fillfactor");
+    let events = (0..RUNS).map(|n| Event::new("plain/go", &n)).collect();
+    let receipts = engine.send_batch(events).await.expect("send");
+    // Dropped after the send, whose full fan-out names the singleton and
+    // debounce indexes as its arbiters.
     for index in CHANGED_BY_CLAIMS {
         sqlx::query(sqlx::AssertSqlSafe(format!("DROP INDEX durastep.{index}")))
             .execute(&admin)
             .await
             .expect("drop index");
     }
-    // Room on each page for the new row versions, as a HOT update needs.
-    sqlx::query("ALTER TABLE durastep.runs SET (fillfactor = 50)").execute(&admin).await.expect("fillfactor");
-    let events = (0..RUNS).map(|n| Event::new("plain/go", &n)).collect();
-    let receipts = engine.send_batch(events).await.expect("send");
     let w = common::spawn_worker(&engine);
     for r in &receipts {
         common::finished(&engine, r.run_ids[0]).await;

@@ -117,7 +117,8 @@ pub(crate) async fn end_cancelled_attempt(pool: &PgPool, fence: Fence) -> Result
 pub(crate) async fn release_lapsed_cancels(pool: &PgPool, limit: i64) -> Result<u64, sqlx::Error> {
     let r = sqlx::query(
         "WITH l AS (SELECT r.id FROM durastep.runs r
-                     WHERE r.attempt_stopping AND coalesce(r.lease_expires_at < durastep.now(), true)
+                     WHERE r.state IN ('cancelled', 'queued') AND r.worker_id IS NOT NULL
+                       AND coalesce(r.lease_expires_at < durastep.now(), true)
                      ORDER BY r.id LIMIT $1 FOR NO KEY UPDATE SKIP LOCKED)
          UPDATE durastep.runs r
             SET worker_id = NULL, lease_expires_at = NULL,

@@ -2,13 +2,16 @@
 -- their start deadline (never started), skipping rows others hold; returns
 -- how many.
 --
--- Runs past a deadline: the generated columns of migration 0032 hold a
--- deadline only while it can still expire, and their partial indexes only
--- those runs.
+-- Runs past a deadline, through the partial indexes `runs_deadline` and
+-- `runs_start_by`, whose predicates these conditions restate (migration
+-- 0038).
 WITH c AS (
-    (SELECT id FROM durastep.runs WHERE deadline_open_at < durastep.now() LIMIT $1)
+    (SELECT id FROM durastep.runs
+      WHERE deadline_at < durastep.now() AND state IN ('queued', 'running', 'sleeping', 'waiting')
+      LIMIT $1)
     UNION
-    (SELECT id FROM durastep.runs WHERE start_by_open_at < durastep.now() LIMIT $1)),
+    (SELECT id FROM durastep.runs
+      WHERE start_by < durastep.now() AND started_at IS NULL AND state = 'queued' LIMIT $1)),
 -- Of those, the rows still unfinished, locked in id order, skipping held rows.
 l AS (SELECT r.id FROM durastep.runs r JOIN c ON c.id = r.id
        WHERE r.state IN ('queued', 'running', 'sleeping', 'waiting')
