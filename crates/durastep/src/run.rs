@@ -126,9 +126,9 @@ pub struct ParseRunStateError(String);
 #[error("the database holds run state {0:?}, which this build of durastep does not know")]
 pub(crate) struct UnknownRunState(String);
 
-/// Read from `text` columns (`runs.state`, `run_history.state`): the
-/// `runs_state_check` constraint's list, which a test holds equal to
-/// [`RunState::ALL`].
+/// Read from `text` columns (`runs.state`, `run_history.state`): the labels
+/// of the enum type `durastep.run_state` that `runs_state_check` casts to
+/// (migration 0040), which a test holds equal to [`RunState::ALL`].
 impl sqlx::Type<sqlx::Postgres> for RunState {
     fn type_info() -> sqlx::postgres::PgTypeInfo {
         <&str as sqlx::Type<sqlx::Postgres>>::type_info()

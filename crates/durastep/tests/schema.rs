@@ -1,5 +1,6 @@
 //! The migrated schema against the code and the migrations: the run states
-//! that `runs_state_check` allows are `RunState::ALL`, and every function and
+//! that `runs_state_check` allows are `RunState::ALL`, the entry kinds are
+//! `EntryKind`'s, and every function and
 //! view in the `durastep` schema is the text of the last migration that
 //! defines it, so a later migration that redefines one is noticed here.
 
@@ -8,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 mod common;
 
 use durastep::{Ctx, Event, Function, RunState};
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgPool};
 
 /// The migrations, oldest first: (file name, text).
 fn migrations() -> Vec<(String, String)> {
@@ -100,9 +101,11 @@ fn view_query(sql: &str, from: usize) -> String {
     rest[as_at..i].to_owned()
 }
 
-/// Catches: a state added to (or dropped from) the database's check
-/// constraint without `RunState` knowing it, which would make a stored run
-/// unreadable (decoding an unknown state is an error).
+/// Catches: a state added to (or dropped from) the database's list without
+/// `RunState` knowing it, which would make a stored run unreadable (decoding
+/// an unknown state is an error), or a `runs_state_check` that no longer
+/// checks against that list (since migration 0040 the enum type
+/// `durastep.run_state`; before, a list in the constraint).
 #[sqlx::test(migrations = false)]
 async fn run_states_are_the_state_check_constraint_s_list(pool: PgPool) {
     durastep::migrate(&pool).await.expect("migrate");
@@ -113,10 +116,44 @@ async fn run_states_are_the_state_check_constraint_s_list(pool: PgPool) {
     .fetch_one(&pool)
     .await
     .expect("runs_state_check");
-    // CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, ...])))
-    let in_db: BTreeSet<&str> = def.split('\'').skip(1).step_by(2).collect();
-    let in_code: BTreeSet<&str> = RunState::ALL.iter().map(|s| s.as_str()).collect();
-    assert_eq!(in_db, in_code, "runs_state_check is {def}");
+    assert!(def.contains("::durastep.run_state"), "runs_state_check is {def}");
+    let in_db: BTreeSet<String> = sqlx::query_scalar("SELECT unnest(enum_range(NULL::durastep.run_state))::text")
+        .fetch_all(&pool)
+        .await
+        .expect("the enum's labels")
+        .into_iter()
+        .collect();
+    let in_code: BTreeSet<String> = RunState::ALL.iter().map(|s| s.as_str().to_owned()).collect();
+    assert_eq!(in_db, in_code, "durastep.run_state against RunState::ALL");
+}
+
+/// Catches: a journal entry kind the database allows and `EntryKind` does
+/// not read (a stored entry would make its run's replay fail), or a check
+/// of the step rows' or the journal's kinds that no longer names the enum
+/// type `durastep.entry_kind` (migration 0040).
+#[sqlx::test(migrations = false)]
+async fn entry_kinds_are_the_kind_checks_list(pool: PgPool) {
+    durastep::migrate(&pool).await.expect("migrate");
+    let defs: Vec<(String, String)> = sqlx::query_as(
+        "SELECT conname::text, pg_get_constraintdef(oid) FROM pg_constraint
+          WHERE conname IN ('step_results_entry', 'step_journal_kind_check') ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("the kind checks");
+    assert_eq!(defs.len(), 2, "{defs:?}");
+    for (name, def) in &defs {
+        assert!(def.contains("::durastep.entry_kind"), "{name} is {def}");
+    }
+    let in_db: Vec<String> = sqlx::query_scalar("SELECT unnest(enum_range(NULL::durastep.entry_kind))::text")
+        .fetch_all(&pool)
+        .await
+        .expect("the enum's labels");
+    assert_eq!(in_db.len(), 7, "{in_db:?}");
+    for label in &in_db {
+        let kind: durastep::EntryKind = label.parse().unwrap_or_else(|_| panic!("EntryKind does not read {label}"));
+        assert_eq!(kind.as_str(), label);
+    }
 }
 
 /// Catches: a trigger on `durastep.runs` that fires on UPDATE and keeps
@@ -423,4 +460,79 @@ async fn the_renamed_handing_sends_take_the_old_pair_s_grants(pool: PgPool) {
     let expected = [("send_event_to_worker", true, false), ("send_event_to_worker_by_claim", true, false)];
     let expected: Vec<(String, bool, bool)> = expected.iter().map(|(f, r, p)| ((*f).to_owned(), *r, *p)).collect();
     assert_eq!(granted, expected, "(function, the role may execute it, PUBLIC may)");
+}
+
+/// Catches: a `durastep.now()` that Postgres cannot inline (PL/pgSQL, as
+/// from migration 0019 to 0038; a SQL body that reads a table; a `SET`
+/// clause), so that every statement calls it again, per row where it sits in
+/// a row's expression: its two calls were about a tenth of a one-event
+/// send's server instructions (migration 0039). With function statistics on,
+/// a send counts its own call and none of `durastep.now()`.
+#[sqlx::test(migrations = false)]
+async fn the_clock_is_inlined_into_the_statements_that_read_it(pool: PgPool) {
+    durastep::migrate(&pool).await.expect("migrate");
+    sqlx::query("INSERT INTO durastep.functions (id, triggers, max_attempts) VALUES ('f', ARRAY['go'], 3)")
+        .execute(&pool)
+        .await
+        .expect("a function");
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("SET LOCAL track_functions = 'all'").execute(&mut *tx).await.expect("track functions");
+    for _ in 0..2 {
+        sqlx::query(
+            "SELECT count(*) FROM durastep.send_events(ARRAY[gen_random_uuid()], ARRAY['go'], ARRAY['{}'],
+                                                       ARRAY[NULL::text], ARRAY[NULL::timestamptz], ARRAY[0])",
+        )
+        .execute(&mut *tx)
+        .await
+        .expect("send");
+    }
+    let (sends, clocks): (i64, i64) = sqlx::query_as(
+        "SELECT pg_stat_get_xact_function_calls('durastep.send_events'::regproc),
+                coalesce(pg_stat_get_xact_function_calls('durastep.now'::regproc), 0)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .expect("function statistics");
+    assert_eq!((sends, clocks), (2, 0), "(calls of send_events, calls of durastep.now())");
+}
+
+/// Catches: a kept plan that keeps the clock it was made with. Since
+/// migration 0039 the test clock's offset is a constant inlined into each
+/// plan, and moving the clock defines `durastep.now()` again, which must
+/// make Postgres plan again every kept plan that read it: a prepared
+/// statement's generic plan and a PL/pgSQL function's alike (each executed
+/// more than five times first, so that the generic plan is the one kept).
+#[sqlx::test(migrations = false)]
+async fn moving_the_clock_reaches_plans_kept_before(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let engine = common::engine(&opts, vec![]).await;
+    let mut conn = sqlx::PgConnection::connect_with(&opts).await.expect("connect");
+    sqlx::query(
+        "CREATE FUNCTION pg_temp.offset_in_plpgsql() RETURNS double precision LANGUAGE plpgsql AS $$
+         BEGIN RETURN extract(epoch FROM durastep.now() - now()); END $$",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("a PL/pgSQL function");
+    async fn offsets(conn: &mut sqlx::PgConnection) -> (f64, f64) {
+        sqlx::query_as(
+            "SELECT extract(epoch FROM durastep.now() - now())::float8, pg_temp.offset_in_plpgsql()
+               FROM durastep.clock WHERE offset_max >= $1::interval",
+        )
+        .bind(chrono::TimeDelta::zero())
+        .fetch_one(conn)
+        .await
+        .expect("the clock's offset")
+    }
+    for _ in 0..8 {
+        assert_eq!(offsets(&mut conn).await, (0.0, 0.0));
+    }
+    durastep::testing::advance_clock(&engine, std::time::Duration::from_secs(3_600)).await.expect("advance");
+    assert_eq!(offsets(&mut conn).await, (3_600.0, 3_600.0));
+    // Moved by plain SQL too, backwards, and with a fraction of a second.
+    sqlx::query("UPDATE durastep.clock SET offset_by = interval '-1 day 2 hours 0.25 seconds'")
+        .execute(engine.pool())
+        .await
+        .expect("move the clock by SQL");
+    let back = -86_400.0 + 7_200.25;
+    assert_eq!(offsets(&mut conn).await, (back, back));
 }
