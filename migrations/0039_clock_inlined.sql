@@ -5,9 +5,9 @@
 --
 -- Since 0019 it was PL/pgSQL reading durastep.clock: every call ran a query
 -- of its own (its executor started and ended, its snapshot taken), and
--- statements call it per row (the full claim three to six times for each run
--- it takes). Counted with benches/sql/instructions.sh, its two calls were
--- about 130,000 of the 1.15 million instructions of a one-event send.
+-- statements call it per row (the full claim four to six times for each run
+-- it takes). Counted with benches/sql/instructions.sh, its six calls in a
+-- one-event send were about 130,000 of the send's 1.15 million instructions.
 -- A SQL function whose body is one expression without a table is inlined
 -- into the plan of each statement that calls it: no call is left, only
 -- `now() + constant`. Postgres records each plan's dependency on the inlined

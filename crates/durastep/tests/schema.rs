@@ -465,7 +465,7 @@ async fn the_renamed_handing_sends_take_the_old_pair_s_grants(pool: PgPool) {
 /// Catches: a `durastep.now()` that Postgres cannot inline (PL/pgSQL, as
 /// from migration 0019 to 0038; a SQL body that reads a table; a `SET`
 /// clause), so that every statement calls it again, per row where it sits in
-/// a row's expression: its two calls were about a tenth of a one-event
+/// a row's expression: its six calls were about a tenth of a one-event
 /// send's server instructions (migration 0039). With function statistics on,
 /// a send counts its own call and none of `durastep.now()`.
 #[sqlx::test(migrations = false)]
