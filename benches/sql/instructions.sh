@@ -21,6 +21,10 @@
 #                 same process), the run inserted claimed;
 #   claim_32      the fast claim of 32 runs from a backlog (store/sql/
 #                 claim_fast.sql as a worker sends it after a full claim);
+#   claim_full_32 the full claim of 32 runs from a backlog (store/sql/
+#                 claim.sql, which a worker sends for functions with flow
+#                 rules or timeouts, as it sends it after a full claim; here
+#                 for a function with neither, so its flow steps find no key);
 #   complete_32   the completion of 32 running runs with their history rows,
 #                 by id, as the checkpoint flush's `fin` does (a copy of
 #                 `fin_complete!` and `fin_complete_history!` in
@@ -42,7 +46,7 @@
 #   bash benches/sql/instructions.sh
 #
 # WARM (default 20) and CALLS (default 100) set the calls; STATEMENTS (default
-# all five) which statements, in order; TOP (default 10) how many of the
+# all but claim_full_32) which statements, in order; TOP (default 10) how many of the
 # server's functions to list by their own instructions (0: none); KEEP a
 # folder to keep the callgrind files in (`<statement>.warm` and
 # `<statement>.calls`, for callgrind_annotate). Needs the server's
@@ -97,6 +101,14 @@ SELECT count(*) FROM durastep.send_event_to_worker(gen_random_uuid(), 'go', '{}'
                                                    ARRAY['f'], ARRAY[0], 1);
 SQL
 fast_claim_sql "${CLAIM_SQL:-crates/durastep/src/store/sql/claim_fast.sql}" 32 backlog >"$root/claim_32.sql"
+# The full claim as fast_claim_sql (lib.sh) gives the fast one: its extra
+# parameter is the recheck of parked runs (1 s); its version arrays move up.
+sed -e '/-- few$/d' -e 's/\$1/ARRAY['"'"'f'"'"']/g; s/\$2/32/g; s/\$3/30/g; s/\$5/1/g' \
+    -e 's/\$4/'"'"'00000000-0000-0000-0000-000000000001'"'"'::uuid/g' \
+    -e 's/\$6/ARRAY['"'"'f'"'"']/g; s/\$7/ARRAY[0]/g' \
+    crates/durastep/src/store/sql/claim.sql crates/durastep/src/store/sql/run_records.sql \
+  | grep -v '^ *--' | tr '\n' ' ' >"$root/claim_full_32.sql"
+echo ";" >>"$root/claim_full_32.sql"
 cat >"$root/complete_32.sql" <<SQL
 SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
 WITH dn AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) AS t(run_id, epoch)),
@@ -183,7 +195,7 @@ for s in $statements; do
   db=instructions
   psql -d postgres -q -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db TEMPLATE instructions_template"
   case $s in
-    claim_32) queue $(((2 * warm + calls) * 32)) ;;
+    claim_32 | claim_full_32) queue $(((2 * warm + calls) * 32)) ;;
     complete_32 | checkpoint_32)
       # Claims of 32 runs each, for the completions or checkpoints to come.
       queue $(((2 * warm + calls) * 32))
