@@ -101,14 +101,7 @@ SELECT count(*) FROM durastep.send_event_to_worker(gen_random_uuid(), 'go', '{}'
                                                    ARRAY['f'], ARRAY[0], 1);
 SQL
 fast_claim_sql "${CLAIM_SQL:-crates/durastep/src/store/sql/claim_fast.sql}" 32 backlog >"$root/claim_32.sql"
-# The full claim as fast_claim_sql (lib.sh) gives the fast one: its extra
-# parameter is the recheck of parked runs (1 s); its version arrays move up.
-sed -e '/-- few$/d' -e 's/\$1/ARRAY['"'"'f'"'"']/g; s/\$2/32/g; s/\$3/30/g; s/\$5/1/g' \
-    -e 's/\$4/'"'"'00000000-0000-0000-0000-000000000001'"'"'::uuid/g' \
-    -e 's/\$6/ARRAY['"'"'f'"'"']/g; s/\$7/ARRAY[0]/g' \
-    crates/durastep/src/store/sql/claim.sql crates/durastep/src/store/sql/run_records.sql \
-  | grep -v '^ *--' | tr '\n' ' ' >"$root/claim_full_32.sql"
-echo ";" >>"$root/claim_full_32.sql"
+claim_sql crates/durastep/src/store/sql/claim.sql 32 backlog full >"$root/claim_full_32.sql"
 cat >"$root/complete_32.sql" <<SQL
 SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
 WITH dn AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) AS t(run_id, epoch)),

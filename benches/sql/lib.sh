@@ -10,23 +10,30 @@ migrated_db() {
   for f in migrations/*.sql; do psql -d "$1" -v ON_ERROR_STOP=1 -q -f "$f" >/dev/null; done
 }
 
-# Prints the fast claim for pgbench on one line: the statement in the SQL file
-# $1 (store/sql/claim_fast.sql, or an older version of it) with run_records.sql,
-# comments dropped, for function `f` at version 0, a 30 s lease and a fixed
-# worker; $2 is the runs it takes (a value, or a pgbench variable such as :n)
-# and $3 which claim the worker sends: `few` (after a short claim: the whole
-# text, the due runs read first) or `backlog` (after a full one: the text
-# without its lines that end with `-- few`). A claim older than 2026-12-04
-# has no such lines: both are the same.
-fast_claim_sql() {
-  local few='s/ *-- few$//'
+# Prints a claim for pgbench on one line: the statement in the SQL file $1
+# with run_records.sql, comments dropped, for function `f` at version 0, a
+# 30 s lease and a fixed worker; $2 is the runs it takes (a value, or a
+# pgbench variable such as :n) and $3 which claim the worker sends: `few`
+# (after a short claim: the whole text, the due runs read first) or
+# `backlog` (after a full one: the text without its lines that end with
+# `-- few`). A claim older than 2026-12-04 has no such lines: both are the
+# same. $4 is `fast` for the fast claim's parameters (store/sql/
+# claim_fast.sql: $5 and $6 the versions) or `full` for the full claim's
+# (store/sql/claim.sql: $5 the recheck of parked runs, 1 s; $6 and $7 the
+# versions).
+claim_sql() {
+  local few='s/ *-- few$//' versions='s/\$5/ARRAY['"'"'f'"'"']/g; s/\$6/ARRAY[0]/g'
   if [ "$3" = backlog ]; then few='/-- few$/d'; fi
+  if [ "$4" = full ]; then versions='s/\$5/1/g; s/\$6/ARRAY['"'"'f'"'"']/g; s/\$7/ARRAY[0]/g'; fi
   sed -e "$few" -e 's/\$1/ARRAY['"'"'f'"'"']/g; s/\$2/'"$2"'/g; s/\$3/30/g' \
       -e 's/\$4/'"'"'00000000-0000-0000-0000-000000000001'"'"'::uuid/g' \
-      -e 's/\$5/ARRAY['"'"'f'"'"']/g; s/\$6/ARRAY[0]/g' \
+      -e "$versions" \
       "$1" crates/durastep/src/store/sql/run_records.sql | grep -v '^ *--' | tr '\n' ' '
   echo ";"
 }
+
+# The fast claim, as `claim_sql` prints it ($1 to $3 as there).
+fast_claim_sql() { claim_sql "$1" "$2" "$3" fast; }
 
 # Runs the pgbench script $3 (each transaction one claim of 32 runs and their
 # completion) on the database $1 for $4 seconds from $5 clients, and prints
