@@ -30,7 +30,10 @@ ALTER TABLE durastep.runs
     DROP CONSTRAINT runs_state_check,
     ADD CONSTRAINT runs_state_check CHECK (state::durastep.run_state IS NOT NULL) NOT VALID;
 
--- A plain step's row has a position and no kind (migration 0029).
+-- A row with a position and no kind passed the old constraint (its list
+-- compared with NULL is NULL, which a CHECK lets through), so it passes
+-- this one too, by name. The engine writes a kind with every position
+-- (migration 0029).
 ALTER TABLE durastep.step_results
     DROP CONSTRAINT step_results_entry,
     ADD CONSTRAINT step_results_entry CHECK (

@@ -127,7 +127,7 @@ l AS (
      WHERE r.id = ANY (:ids::uuid[]) ORDER BY r.id FOR NO KEY UPDATE SKIP LOCKED)
 INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt,
                                    position, kind)
-SELECT cp.run_id, 'step-' || :key, '{"ok": true}'::jsonb, cp.epoch, now(), now(), 1, cp.ord, NULL
+SELECT cp.run_id, 'step-' || :key, '{"ok": true}'::jsonb, cp.epoch, now(), now(), 1, cp.ord, 'step'
   FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live;
 SQL
 

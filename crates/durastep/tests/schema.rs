@@ -536,3 +536,56 @@ async fn moving_the_clock_reaches_plans_kept_before(_p: PgPoolOptions, opts: PgC
     let back = -86_400.0 + 7_200.25;
     assert_eq!(offsets(&mut conn).await, (back, back));
 }
+
+/// Catches: a state or entry kind outside the lists that a write could
+/// store (docs/architecture.md "Names checked by enum types": refused by the
+/// cast's error, SQLSTATE 22P02), a step's row that the kind check would
+/// refuse, or stored rows that the constraints
+/// (added `NOT VALID` by migration 0040) would not pass when validated
+/// (docs/operations.md).
+#[sqlx::test(migrations = false)]
+async fn names_outside_the_lists_are_refused_and_stored_rows_pass(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let f = Function::new("checked")
+        .on_event("checked/go")
+        .handler(|ctx: Ctx, n: u32| async move { ctx.step("one", || async move { Ok(n + 1) }).await });
+    let engine = common::engine(&opts, vec![f]).await;
+    let run = engine.send(Event::new("checked/go", &1)).await.expect("send").run_ids[0];
+    let w = common::spawn_worker(&engine);
+    common::finished(&engine, run).await;
+    w.stop().await;
+    let pool = engine.pool();
+    for (sql, what) in [
+        ("UPDATE durastep.runs SET state = 'paused' WHERE id = $1", "a state outside the list"),
+        ("UPDATE durastep.step_results SET kind = 'nap' WHERE run_id = $1", "a step row's kind outside the list"),
+        (
+            "INSERT INTO durastep.step_journal (run_id, position, kind, step_key) VALUES ($1, 9, 'nap', 'x')",
+            "a journal entry's kind outside the list",
+        ),
+    ] {
+        let err = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(run).execute(pool).await.expect_err(what);
+        let code = err.as_database_error().and_then(|e| e.code()).map(|c| c.into_owned());
+        assert_eq!(code.as_deref(), Some("22P02"), "{what}: {err}");
+    }
+    // Nothing stored was changed; the step's row has its journal entry.
+    let state: RunState = sqlx::query_scalar("SELECT state FROM durastep.runs WHERE id = $1")
+        .bind(run)
+        .fetch_one(pool)
+        .await
+        .expect("the run");
+    assert_eq!(state, RunState::Completed);
+    let (position, kind): (Option<i32>, Option<String>) =
+        sqlx::query_as("SELECT position, kind FROM durastep.step_results WHERE run_id = $1")
+            .bind(run)
+            .fetch_one(pool)
+            .await
+            .expect("the step row");
+    assert_eq!((position, kind.as_deref()), (Some(0), Some("step")));
+    for (table, constraint) in [
+        ("runs", "runs_state_check"),
+        ("step_results", "step_results_entry"),
+        ("step_journal", "step_journal_kind_check"),
+    ] {
+        let sql = format!("ALTER TABLE durastep.{table} VALIDATE CONSTRAINT {constraint}");
+        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await.unwrap_or_else(|e| panic!("{constraint}: {e}"));
+    }
+}
