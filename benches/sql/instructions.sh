@@ -35,12 +35,20 @@
 #                 the checkpoint flush writes them (a copy of `flush_sql!` in
 #                 store/attempt.rs without completions and without its
 #                 answer's columns); the claim record whose runs it writes
-#                 for is read first, in one more statement.
+#                 for is read first, in one more statement;
+#   flush_32      the checkpoint flush itself, whole, as the worker sends it
+#                 (benches/sql/flush/flush_32.sql: the text of `flush_sql!`
+#                 for 32 checkpoints, its answer included): a new step for
+#                 each of the 32 runs of a claim;
+#   flush_mixed_32 the same flush with 16 checkpoints and 16 completions
+#                 (flush/flush_mixed_32.sql), for the 32 runs of one claim,
+#                 then the deletion of its claim record.
 #
 # VARIANT names a SQL file applied to the template after the history (a
 # probe of a schema change: its figures beside the shipped schema's, from
 # two runs of the script); CLAIM_SQL another text of the fast claim for it
-# (default store/sql/claim_fast.sql). Plain psql, pgbench and valgrind
+# (default store/sql/claim_fast.sql); FLUSH_SQL_DIR another folder with
+# the two flush scripts (default benches/sql/flush). Plain psql, pgbench and valgrind
 # (Debian's package `valgrind`); no Rust build. From the repository root:
 #
 #   bash benches/sql/instructions.sh
@@ -52,11 +60,11 @@
 # `<statement>.calls`, for callgrind_annotate). Needs the server's
 # binaries (pg_config --bindir, else /usr/lib/postgresql/*/bin) and runs the
 # private server as the user `postgres` when started by root. Takes about
-# four minutes on two cores.
+# six minutes on two cores.
 set -euo pipefail
 warm="${WARM:-20}"
 calls="${CALLS:-100}"
-statements="${STATEMENTS:-send send_handing claim_32 complete_32 checkpoint_32}"
+statements="${STATEMENTS:-send send_handing claim_32 complete_32 checkpoint_32 flush_32 flush_mixed_32}"
 top="${TOP:-10}"
 bindir=$(pg_config --bindir 2>/dev/null || true)
 [ -x "$bindir/postgres" ] || bindir=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
@@ -102,6 +110,7 @@ SELECT count(*) FROM durastep.send_event_to_worker(gen_random_uuid(), 'go', '{}'
 SQL
 fast_claim_sql "${CLAIM_SQL:-crates/durastep/src/store/sql/claim_fast.sql}" 32 backlog >"$root/claim_32.sql"
 claim_sql crates/durastep/src/store/sql/claim.sql 32 backlog full >"$root/claim_full_32.sql"
+for f in flush_32 flush_mixed_32; do cp "${FLUSH_SQL_DIR:-benches/sql/flush}/$f.sql" "$root/$f.sql"; done
 cat >"$root/complete_32.sql" <<SQL
 SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
 WITH dn AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) AS t(run_id, epoch)),
@@ -189,7 +198,7 @@ for s in $statements; do
   psql -d postgres -q -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db TEMPLATE instructions_template"
   case $s in
     claim_32 | claim_full_32) queue $(((2 * warm + calls) * 32)) ;;
-    complete_32 | checkpoint_32)
+    complete_32 | checkpoint_32 | flush_32 | flush_mixed_32)
       # Claims of 32 runs each, for the completions or checkpoints to come.
       queue $(((2 * warm + calls) * 32))
       pgbench -n -M prepared -c 1 -t $((2 * warm + calls)) -f "$root/claim_32.sql" "$db" >/dev/null ;;
