@@ -386,3 +386,70 @@ async fn a_draining_worker_sends_the_walk_alone(_p: PgPoolOptions, opts: PgConne
         "{seen} scans of runs_due and runs_next_due for {claims} claims: the claims after full ones read the due runs first"
     );
 }
+
+/// The reaper's sweeps for what they name, and the partial indexes they are
+/// written for: a sweep whose conditions no longer imply its index's
+/// predicate reads every run instead (the index holds the few runs it is
+/// after, the table every run ever kept).
+const SWEEPS: [(&str, &str, &[&str]); 2] = [
+    ("the timeout sweep", include_str!("../src/store/sql/expire_timeouts.sql"), &["runs_deadline", "runs_start_by"]),
+    ("the lapsed-cancel release", include_str!("../src/store/sql/release_lapsed_cancels.sql"), &["runs_attempt_stopping"]),
+];
+
+/// Catches: a reaper sweep that reads `runs` whole. Both sweeps run on every
+/// reaper tick of every worker, whether or not anything is overdue, and
+/// restate the predicates of the partial indexes built for them (migration
+/// 0038): `runs_deadline` and `runs_start_by` for the timeout sweep,
+/// `runs_attempt_stopping` for the release of cancelled attempts whose lease
+/// lapsed. With a condition dropped or changed so that it no longer implies
+/// the predicate (the state list, the `started_at IS NULL` of a start
+/// deadline), Postgres cannot use the index and scans the table (here
+/// 20,000 finished runs, every one with both deadlines) or the due queue
+/// (a backlog of 2,000 queued runs). Checked under the generic plan, which
+/// a pool keeps after five executions.
+#[sqlx::test(migrations = false)]
+async fn the_reaper_sweeps_read_their_partial_indexes(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let f = Function::new("f").on_event("go").handler(|_ctx: Ctx, v: Value| async move { Ok(v) });
+    let engine = common::engine(&opts, vec![f]).await;
+    let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
+    // 20,000 finished runs with both deadlines past and a backlog of 2,000
+    // queued runs without deadlines (none of them in the three indexes), and
+    // one run of each kind the sweeps are for: queued past its start
+    // deadline, running past its finish deadline, cancelled with its worker.
+    sqlx::raw_sql(
+        "CREATE TEMP TABLE seed AS SELECT durastep.uuid7() AS ev, n FROM generate_series(1, 22003) AS n;
+         INSERT INTO durastep.events (id, name, payload) SELECT ev, 'go', '{}' FROM seed;
+         INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, started_at,
+                                    finished_at, start_by, deadline_at, worker_id, lease_epoch)
+         SELECT durastep.uuid7(), 'f', ev,
+                CASE WHEN n <= 20000 THEN 'completed' WHEN n <= 22001 THEN 'queued'
+                     WHEN n = 22002 THEN 'running' ELSE 'cancelled' END,
+                now(), 3, CASE WHEN n <= 20000 OR n > 22001 THEN now() END, CASE WHEN n <= 20000 THEN now() END,
+                CASE WHEN n <= 20000 OR n = 22001 THEN now() - interval '1 hour' END,
+                CASE WHEN n <= 20000 OR n = 22002 THEN now() - interval '1 hour' END,
+                CASE WHEN n > 22001 THEN gen_random_uuid() END, 1
+           FROM seed;
+         ANALYZE durastep.runs;",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("seed runs");
+    sqlx::query("SET plan_cache_mode = force_generic_plan").execute(&mut conn).await.expect("generic plans");
+    for (name, sql, indexes) in SWEEPS {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE sweep (bigint) AS {sql}")))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("prepare {name}: {e}"));
+        let plan: Vec<String> = sqlx::query_scalar("EXPLAIN EXECUTE sweep (100)")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("explain {name}: {e}"));
+        let plan = plan.join("\n");
+        for index in indexes {
+            assert!(plan.contains(index), "{name} does not read {index}:\n{plan}");
+        }
+        assert!(!plan.contains("Seq Scan on runs"), "{name} scans durastep.runs:\n{plan}");
+        sqlx::query("DEALLOCATE sweep").execute(&mut conn).await.expect("deallocate");
+    }
+    drop(engine);
+}

@@ -115,18 +115,6 @@ pub(crate) async fn end_cancelled_attempt(pool: &PgPool, fence: Fence) -> Result
 /// far as any lease can tell) give back their slots. Skips rows others hold;
 /// returns how many.
 pub(crate) async fn release_lapsed_cancels(pool: &PgPool, limit: i64) -> Result<u64, sqlx::Error> {
-    let r = sqlx::query(
-        "WITH l AS (SELECT r.id FROM durastep.runs r
-                     WHERE r.state IN ('cancelled', 'queued') AND r.worker_id IS NOT NULL
-                       AND coalesce(r.lease_expires_at < durastep.now(), true)
-                     ORDER BY r.id LIMIT $1 FOR NO KEY UPDATE SKIP LOCKED)
-         UPDATE durastep.runs r
-            SET worker_id = NULL, lease_expires_at = NULL,
-                run_at = CASE WHEN r.state = 'queued' THEN least(r.run_at, durastep.now()) ELSE r.run_at END
-           FROM l WHERE r.id = l.id",
-    )
-    .bind(limit)
-    .execute(pool)
-    .await?;
+    let r = sqlx::query(include_str!("sql/release_lapsed_cancels.sql")).bind(limit).execute(pool).await?;
     Ok(r.rows_affected())
 }
