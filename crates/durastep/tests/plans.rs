@@ -393,7 +393,11 @@ async fn a_draining_worker_sends_the_walk_alone(_p: PgPoolOptions, opts: PgConne
 /// after, the table every run ever kept).
 const SWEEPS: [(&str, &str, &[&str]); 2] = [
     ("the timeout sweep", include_str!("../src/store/sql/expire_timeouts.sql"), &["runs_deadline", "runs_start_by"]),
-    ("the lapsed-cancel release", include_str!("../src/store/sql/release_lapsed_cancels.sql"), &["runs_attempt_stopping"]),
+    (
+        "the lapsed-cancel release",
+        include_str!("../src/store/sql/release_lapsed_cancels.sql"),
+        &["runs_attempt_stopping"],
+    ),
 ];
 
 /// Catches: a reaper sweep that reads `runs` whole. Both sweeps run on every
