@@ -37,18 +37,18 @@
 #                 answer's columns); the claim record whose runs it writes
 #                 for is read first, in one more statement;
 #   flush_32      the checkpoint flush itself, whole, as the worker sends it
-#                 (benches/sql/flush/flush_32.sql: the text of `flush_sql!`
-#                 for 32 checkpoints, its answer included): a new step for
-#                 each of the 32 runs of a claim;
-#   flush_mixed_32 the same flush with 16 checkpoints and 16 completions
-#                 (flush/flush_mixed_32.sql), for the 32 runs of one claim,
-#                 then the deletion of its claim record.
+#                 (`flush_sql`, below: the text of `flush_sql!` for 32
+#                 checkpoints, its answer included): a new step for each of
+#                 the 32 runs of a claim;
+#   flush_mixed_32 the same flush with 16 checkpoints and 16 completions,
+#                 for the 32 runs of one claim, then the deletion of its
+#                 claim record.
 #
 # VARIANT names a SQL file applied to the template after the history (a
 # probe of a schema change: its figures beside the shipped schema's, from
 # two runs of the script); CLAIM_SQL another text of the fast claim for it
-# (default store/sql/claim_fast.sql); FLUSH_SQL_DIR another folder with
-# the two flush scripts (default benches/sql/flush). Plain psql, pgbench and valgrind
+# (default store/sql/claim_fast.sql); FLUSH_ARRAYS=from the flush as it
+# was before 2026-12-07 (see `flush_sql`). Plain psql, pgbench and valgrind
 # (Debian's package `valgrind`); no Rust build. From the repository root:
 #
 #   bash benches/sql/instructions.sh
@@ -110,7 +110,8 @@ SELECT count(*) FROM durastep.send_event_to_worker(gen_random_uuid(), 'go', '{}'
 SQL
 fast_claim_sql "${CLAIM_SQL:-crates/durastep/src/store/sql/claim_fast.sql}" 32 backlog >"$root/claim_32.sql"
 claim_sql crates/durastep/src/store/sql/claim.sql 32 backlog full >"$root/claim_full_32.sql"
-for f in flush_32 flush_mixed_32; do cp "${FLUSH_SQL_DIR:-benches/sql/flush}/$f.sql" "$root/$f.sql"; done
+flush_sql 32 0 >"$root/flush_32.sql"
+flush_sql 16 16 >"$root/flush_mixed_32.sql"
 cat >"$root/complete_32.sql" <<SQL
 SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
 WITH dn AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) AS t(run_id, epoch)),
@@ -139,6 +140,101 @@ INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, starte
 SELECT cp.run_id, 'step-' || :key, '{"ok": true}'::jsonb, cp.epoch, now(), now(), 1, cp.ord, 'step'
   FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live;
 SQL
+
+# The checkpoint flush as the worker sends it (`flush_sql!` in
+# crates/durastep/src/store/attempt.rs, `FOR NO KEY UPDATE SKIP LOCKED` and
+# `plain_inserts!`), as a pgbench script: checkpoints for the first $1 runs
+# of the first claim record and completions for its next $2 (with `fin_complete!`
+# when $2 > 0, else `fin_none!`), its parameters as pgbench variables (sent as
+# text where the worker binds binary arrays, so `array_in` and `uuid_in` are
+# counted here and not in the engine); after completions, the claim record is
+# deleted, so that each call takes the next claim. FLUSH_ARRAYS=from gives the
+# text before 2026-12-07 (the arrays unnested in a FROM with ordinality, read
+# by two parts of the statement from a CTE): docs/performance.md "The flush's
+# arrays streamed".
+flush_sql() {
+  local cp=$1 dn=$2 fin fin_history cp_src dn_src lo=1 hi=0
+  if [ "$dn" -gt 0 ]; then lo=$((cp + 1)) hi=$((cp + dn)); fi
+  if [ "$dn" -gt 0 ]; then
+    fin="UPDATE durastep.runs r
+        SET state = 'completed', output = dn.output::jsonb, finished_at = (SELECT durastep.now()),
+            lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
+       FROM dn JOIN l ON l.id = dn.run_id AND l.lease_epoch = dn.epoch AND l.live
+      WHERE r.id = dn.run_id
+     RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at"
+    fin_history="INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch)
+     SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch FROM fin"
+  else
+    fin="SELECT NULL::uuid AS id WHERE false"
+    fin_history=$fin
+  fi
+  cat <<SQL
+SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
+\set key random(1, 1000000000000)
+WITH p AS MATERIALIZED (
+     SELECT (:ids::uuid[])[1 : $cp] AS cp_run, (:epochs::bigint[])[1 : $cp] AS cp_epoch,
+            array_fill('step-' || :key, ARRAY[$cp]) AS cp_key, array_fill('{"ok": true}'::text, ARRAY[$cp]) AS cp_output,
+            (:ids::uuid[])[$lo : $hi] AS dn_run, (:epochs::bigint[])[$lo : $hi] AS dn_epoch,
+            array_fill('null'::text, ARRAY[$dn]) AS dn_output,
+            array_fill(now(), ARRAY[$cp]) AS cp_started, array_fill(now(), ARRAY[$cp]) AS cp_finished,
+            array_fill(1, ARRAY[$cp]) AS cp_attempt, array_fill(1, ARRAY[$cp]) AS cp_position,
+            array_fill('step'::text, ARRAY[$cp]) AS cp_kind),
+SQL
+  if [ "${FLUSH_ARRAYS:-}" = from ]; then
+    cp_src="(SELECT * FROM cp)" dn_src="(SELECT * FROM dn)"
+    cat <<'SQL'
+ cp AS (
+     SELECT t.* FROM p, unnest(p.cp_run, p.cp_epoch, p.cp_key, p.cp_output, p.cp_started, p.cp_finished,
+                               p.cp_attempt, p.cp_position, p.cp_kind)
+         WITH ORDINALITY AS t(run_id, epoch, step_key, output, started_at, finished_at, attempt,
+                              position, kind, ord)),
+ dn AS (
+     SELECT t.* FROM p, unnest(p.dn_run, p.dn_epoch, p.dn_output)
+         WITH ORDINALITY AS t(run_id, epoch, output, ord)),
+SQL
+  else
+    cp_src="(SELECT unnest(p.cp_run) AS run_id, unnest(p.cp_epoch) AS epoch, unnest(p.cp_key) AS step_key,
+               generate_series(1::bigint, cardinality(p.cp_run)) AS ord FROM p)"
+    dn_src="(SELECT unnest(p.dn_run) AS run_id, unnest(p.dn_epoch) AS epoch,
+               generate_series(1::bigint, cardinality(p.dn_run)) AS ord FROM p)"
+    cat <<'SQL'
+ cp AS (
+     SELECT unnest(p.cp_run) AS run_id, unnest(p.cp_epoch) AS epoch, unnest(p.cp_key) AS step_key,
+            unnest(p.cp_output) AS output, unnest(p.cp_started) AS started_at,
+            unnest(p.cp_finished) AS finished_at, unnest(p.cp_attempt) AS attempt,
+            unnest(p.cp_position) AS position, unnest(p.cp_kind) AS kind
+       FROM p),
+ dn AS (
+     SELECT unnest(p.dn_run) AS run_id, unnest(p.dn_epoch) AS epoch, unnest(p.dn_output) AS output FROM p),
+SQL
+  fi
+  cat <<SQL
+ l AS (
+     SELECT r.id, r.lease_epoch, r.state = 'running' AS live FROM durastep.runs r
+      WHERE r.id = ANY ((SELECT p.cp_run || p.dn_run FROM p)::uuid[])
+      ORDER BY r.id FOR NO KEY UPDATE SKIP LOCKED),
+ ins AS (
+     INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt,
+                                        position, kind)
+     SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt,
+            cp.position, cp.kind
+       FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live),
+ fin AS ($fin),
+ fin_history AS ($fin_history)
+SELECT 0, cp.ord, (l.id IS NOT NULL), (l.id IS NOT NULL),
+       (l.id IS NULL AND coalesce((SELECT b.lease_epoch = cp.epoch AND b.state = 'running'
+                                     FROM durastep.runs b WHERE b.id = cp.run_id), false))
+  FROM $cp_src cp
+  LEFT JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
+UNION ALL
+SELECT 1, dn.ord, (fin.id IS NOT NULL), (fin.id IS NOT NULL),
+       (fin.id IS NULL AND coalesce((SELECT b.lease_epoch = dn.epoch AND b.state = 'running'
+                                       FROM durastep.runs b WHERE b.id = dn.run_id), false))
+  FROM $dn_src dn
+  LEFT JOIN fin ON fin.id = dn.run_id;
+SQL
+  if [ "$dn" -gt 0 ]; then echo "DELETE FROM durastep.run_claims WHERE id = :claim;"; fi
+}
 
 # The callgrind file of the backend that ran the script $1 $2 times: found by
 # its application name in the server's log of connections (pgbench also
