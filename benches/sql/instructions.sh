@@ -99,48 +99,6 @@ INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch)
 SQL
 if [ -n "${VARIANT:-}" ]; then psql -d "$db" -q -v ON_ERROR_STOP=1 -f "$VARIANT"; fi
 
-worker="'00000000-0000-0000-0000-000000000001'::uuid"
-cat >"$root/send.sql" <<SQL
-SELECT count(*) FROM durastep.send_events(ARRAY[gen_random_uuid()], ARRAY['go'], ARRAY['{}'], ARRAY[NULL::text],
-                                          ARRAY[NULL::timestamptz], ARRAY[0]);
-SQL
-cat >"$root/send_handing.sql" <<SQL
-SELECT count(*) FROM durastep.send_event_to_worker(gen_random_uuid(), 'go', '{}', NULL, 0, $worker, 30,
-                                                   ARRAY['f'], ARRAY[0], 1);
-SQL
-fast_claim_sql "${CLAIM_SQL:-crates/durastep/src/store/sql/claim_fast.sql}" 32 backlog >"$root/claim_32.sql"
-claim_sql crates/durastep/src/store/sql/claim.sql 32 backlog full >"$root/claim_full_32.sql"
-flush_sql 32 0 >"$root/flush_32.sql"
-flush_sql 16 16 >"$root/flush_mixed_32.sql"
-cat >"$root/complete_32.sql" <<SQL
-SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
-WITH dn AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) AS t(run_id, epoch)),
-fin AS (
-    UPDATE durastep.runs r
-       SET state = 'completed', output = 'null'::jsonb, finished_at = (SELECT durastep.now()),
-           lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
-      FROM dn WHERE r.id = dn.run_id AND r.lease_epoch = dn.epoch AND r.state = 'running'
-    RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at),
-fin_history AS (
-    INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch)
-    SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch FROM fin)
-SELECT count(*) FROM fin;
-DELETE FROM durastep.run_claims WHERE id = :claim;
-SQL
-
-cat >"$root/checkpoint_32.sql" <<SQL
-SELECT run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
-\set key random(1, 1000000000000)
-WITH cp AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) WITH ORDINALITY AS t(run_id, epoch, ord)),
-l AS (
-    SELECT r.id, r.lease_epoch, r.state = 'running' AS live FROM durastep.runs r
-     WHERE r.id = ANY (:ids::uuid[]) ORDER BY r.id FOR NO KEY UPDATE SKIP LOCKED)
-INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt,
-                                   position, kind)
-SELECT cp.run_id, 'step-' || :key, '{"ok": true}'::jsonb, cp.epoch, now(), now(), 1, cp.ord, 'step'
-  FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live;
-SQL
-
 # The checkpoint flush as the worker sends it (`flush_sql!` in
 # crates/durastep/src/store/attempt.rs, `FOR NO KEY UPDATE SKIP LOCKED` and
 # `plain_inserts!`), as a pgbench script: checkpoints for the first $1 runs
@@ -235,6 +193,48 @@ SELECT 1, dn.ord, (fin.id IS NOT NULL), (fin.id IS NOT NULL),
 SQL
   if [ "$dn" -gt 0 ]; then echo "DELETE FROM durastep.run_claims WHERE id = :claim;"; fi
 }
+
+worker="'00000000-0000-0000-0000-000000000001'::uuid"
+cat >"$root/send.sql" <<SQL
+SELECT count(*) FROM durastep.send_events(ARRAY[gen_random_uuid()], ARRAY['go'], ARRAY['{}'], ARRAY[NULL::text],
+                                          ARRAY[NULL::timestamptz], ARRAY[0]);
+SQL
+cat >"$root/send_handing.sql" <<SQL
+SELECT count(*) FROM durastep.send_event_to_worker(gen_random_uuid(), 'go', '{}', NULL, 0, $worker, 30,
+                                                   ARRAY['f'], ARRAY[0], 1);
+SQL
+fast_claim_sql "${CLAIM_SQL:-crates/durastep/src/store/sql/claim_fast.sql}" 32 backlog >"$root/claim_32.sql"
+claim_sql crates/durastep/src/store/sql/claim.sql 32 backlog full >"$root/claim_full_32.sql"
+flush_sql 32 0 >"$root/flush_32.sql"
+flush_sql 16 16 >"$root/flush_mixed_32.sql"
+cat >"$root/complete_32.sql" <<SQL
+SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
+WITH dn AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) AS t(run_id, epoch)),
+fin AS (
+    UPDATE durastep.runs r
+       SET state = 'completed', output = 'null'::jsonb, finished_at = (SELECT durastep.now()),
+           lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
+      FROM dn WHERE r.id = dn.run_id AND r.lease_epoch = dn.epoch AND r.state = 'running'
+    RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at),
+fin_history AS (
+    INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch)
+    SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch FROM fin)
+SELECT count(*) FROM fin;
+DELETE FROM durastep.run_claims WHERE id = :claim;
+SQL
+
+cat >"$root/checkpoint_32.sql" <<SQL
+SELECT run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
+\set key random(1, 1000000000000)
+WITH cp AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) WITH ORDINALITY AS t(run_id, epoch, ord)),
+l AS (
+    SELECT r.id, r.lease_epoch, r.state = 'running' AS live FROM durastep.runs r
+     WHERE r.id = ANY (:ids::uuid[]) ORDER BY r.id FOR NO KEY UPDATE SKIP LOCKED)
+INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt,
+                                   position, kind)
+SELECT cp.run_id, 'step-' || :key, '{"ok": true}'::jsonb, cp.epoch, now(), now(), 1, cp.ord, 'step'
+  FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live;
+SQL
 
 # The callgrind file of the backend that ran the script $1 $2 times: found by
 # its application name in the server's log of connections (pgbench also
