@@ -138,6 +138,13 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
 
         let slots = Arc::new(Semaphore::new(opts.max_in_flight.max(1)));
         let ahead = opts.claim_ahead.min(opts.max_in_flight.max(1));
+        // `claim_ahead: 0`: no run is claimed without a free slot for it, so
+        // the two classes' claims in flight together bring at most the free
+        // slots, and take turns at them (below).
+        let strict = ahead == 0;
+        // In strict mode, the class whose claim goes first when both may claim
+        // (index `class(fast)`); the other class goes first after it claimed.
+        let mut first = class(true);
         let batch = opts.claim_batch.max(1);
         // Claimed runs waiting for a slot, in the order they start.
         let mut ready: VecDeque<Ready> = VecDeque::new();
@@ -228,13 +235,18 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             // or one waiting for a lock) and must not keep it from free slots.
             // If both bring runs for the same slots, the flow-limited ones
             // start first (`enqueue`) and the others wait as runs claimed ahead.
+            // With `claim_ahead: 0` there are no runs claimed ahead: a class
+            // counts every claim in flight, and the classes take turns at the
+            // free slots (neither starves the other while both have runs due).
             let idle = slots.available_permits();
             let mut sent = false;
-            for fast in [true, false] {
+            let order = if first == class(true) { [true, false] } else { [false, true] };
+            for fast in order {
                 let c = class(fast);
                 let mine = in_flight.values().filter(|s| s.fast == fast);
                 let n = mine.clone().count();
-                let covered = ready.len() + mine.map(|s| s.cap).sum::<usize>();
+                let counted = in_flight.values().filter(|s| strict || s.fast == fast);
+                let covered = ready.len() + counted.map(|s| s.cap).sum::<usize>();
                 let room = (idle + ahead).saturating_sub(covered);
                 let starved = idle > covered || (ahead > 0 && room >= ahead.div_ceil(2));
                 // No claim of a class is sent while its answers wait, nor while
@@ -265,6 +277,9 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 });
                 in_flight.insert(task.id(), Sent { fast, cap });
                 sent = true;
+                if strict {
+                    first = class(!fast);
+                }
             }
             if sent {
                 continue;

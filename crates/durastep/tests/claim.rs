@@ -462,3 +462,44 @@ async fn the_reaper_reads_and_tidies_the_claim_records(_p: PgPoolOptions, opts: 
     assert_eq!(engine.reap_expired_leases().await.unwrap(), 0);
     assert_eq!(records(engine.pool().clone()).await, vec![(vec![live], true)], "B deleted");
 }
+
+/// Catches: a worker with `claim_ahead: 0` whose two claim classes do not
+/// take turns at its free slots. With `claim_ahead: 0` the classes' claims
+/// in flight together bring at most the free slots (else one class's runs
+/// would wait claimed ahead); if the fast claim then always went first, a
+/// due run of a function with a flow rule or a timeout (the full claim's)
+/// would wait behind every fast run due, 30 here. It must start second (the
+/// fast class claims first, then the full class has its turn); it starts
+/// last without the turns.
+#[sqlx::test(migrations = false)]
+async fn with_claim_ahead_zero_the_two_claim_classes_take_turns(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let starts = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let started = |name: &'static str| {
+        let starts = starts.clone();
+        move |_ctx: Ctx, _: ()| {
+            let starts = starts.clone();
+            async move {
+                starts.lock().unwrap().push(name.to_owned());
+                Ok(())
+            }
+        }
+    };
+    let functions = vec![
+        Function::new("plain").on_event("go").handler(started("plain")),
+        // A finish timeout: claimed by the full claim.
+        Function::new("timed").on_event("timed").finish_timeout(Duration::from_secs(3_600)).handler(started("timed")),
+    ];
+    let worker = durastep::WorkerOptions { max_in_flight: 1, claim_ahead: 0, ..common::fast_options() };
+    let engine = common::engine_with(&opts, functions, worker).await;
+    // Due before the worker starts: no send hands its run over.
+    engine.send_batch((0..30).map(|_| Event::new("go", &())).collect()).await.unwrap();
+    let timed = engine.send(Event::new("timed", &())).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    assert_eq!(common::finished(&engine, timed).await.state, RunState::Completed);
+    common::wait_until("every run started", || async { starts.lock().unwrap().len() == 31 }).await;
+    w.stop().await;
+    let starts = starts.lock().unwrap().clone();
+    let at = starts.iter().position(|s| s == "timed").unwrap();
+    assert!(at <= 1, "the full claim's run started {} of 31: {starts:?}", at + 1);
+}
