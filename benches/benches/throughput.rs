@@ -499,18 +499,19 @@ fn worker_ms_per_1k(cell: &Cell, runs: usize) -> f64 {
 
 /// Turns the run history on or off (benches only: never in production). The
 /// claims and the completion write history rows in their own statements
-/// (migration 0020), which cannot be switched off; "off" disables the
-/// `runs_history` trigger and sets the history table aside for an unlogged one
-/// without indexes, so those rows cost only an unlogged heap append: "off" is
-/// a floor, and the measured cost of the history a slight underestimate.
+/// (migration 0020), which cannot be switched off; "off" sets the history
+/// table aside for an unlogged one without indexes, so those rows cost only
+/// an unlogged heap append: "off" is a floor, and the measured cost of the
+/// history a slight underestimate. The trigger that records the other
+/// changes (`runs_changed`, migration 0041, which also gives flow slots back
+/// and wakes parents) stays on: a drain's claims and completions do not call
+/// it, and its condition is read by every update either way.
 async fn set_history(pool: &PgPool, on: bool) {
     let sql = if on {
         "DROP TABLE durastep.run_history;
-         ALTER TABLE durastep.run_history_kept RENAME TO run_history;
-         ALTER TABLE durastep.runs ENABLE TRIGGER runs_history"
+         ALTER TABLE durastep.run_history_kept RENAME TO run_history;"
     } else {
-        "ALTER TABLE durastep.runs DISABLE TRIGGER runs_history;
-         ALTER TABLE durastep.run_history RENAME TO run_history_kept;
+        "ALTER TABLE durastep.run_history RENAME TO run_history_kept;
          CREATE UNLOGGED TABLE durastep.run_history (
              run_id uuid, at timestamptz, state text, attempt integer, lease_epoch bigint,
              worker_id uuid, error text, step text)"

@@ -42,7 +42,10 @@
 #                 the 32 runs of a claim;
 #   flush_mixed_32 the same flush with 16 checkpoints and 16 completions,
 #                 for the 32 runs of one claim, then the deletion of its
-#                 claim record.
+#                 claim record;
+#   flush_mixed_4 the same with 2 checkpoints and 2 completions: a flush as
+#                 small as those of a worker with few runs in flight, where
+#                 what each statement pays once dominates (not a default).
 #
 # VARIANT names a SQL file applied to the template after the history (a
 # probe of a schema change: its figures beside the shipped schema's, from
@@ -210,6 +213,7 @@ fast_claim_sql "${CLAIM_SQL:-crates/durastep/src/store/sql/claim_fast.sql}" 32 b
 claim_sql crates/durastep/src/store/sql/claim.sql 32 backlog full >"$root/claim_full_32.sql"
 flush_sql 32 0 >"$root/flush_32.sql"
 flush_sql 16 16 >"$root/flush_mixed_32.sql"
+flush_sql 2 2 >"$root/flush_mixed_4.sql"
 cat >"$root/complete_32.sql" <<SQL
 SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
 WITH dn AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) AS t(run_id, epoch)),
@@ -297,7 +301,7 @@ for s in $statements; do
   psql -d postgres -q -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db TEMPLATE instructions_template"
   case $s in
     claim_32 | claim_full_32) queue $(((2 * warm + calls) * 32)) ;;
-    complete_32 | checkpoint_32 | flush_32 | flush_mixed_32)
+    complete_32 | checkpoint_32 | flush_32 | flush_mixed_32 | flush_mixed_4)
       # Claims of 32 runs each, for the completions or checkpoints to come.
       queue $(((2 * warm + calls) * 32))
       pgbench -n -M prepared -c 1 -t $((2 * warm + calls)) -f "$root/claim_32.sql" "$db" >/dev/null ;;

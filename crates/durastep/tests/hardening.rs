@@ -431,6 +431,40 @@ async fn lose_lease(engine: &Engine, id: Uuid) {
     assert_eq!(engine.reap_expired_leases().await.unwrap(), 1);
 }
 
+/// Catches: a run made running by a claim of a process older than 0034
+/// (which writes its own history row, so flips `history_noted`, and lists
+/// no claim record) that no trigger lists, so that the reaper never finds
+/// it once its lease lapses. Since 0041 the one row trigger of `runs`
+/// (`runs_changed`) lists it only through its condition's last clause
+/// (running, the same `claim_id`): the history mark flipped, no slots, no
+/// parent, so every other clause is false. Checked: with that clause taken
+/// out of the trigger's condition, the reaper finds nothing (0).
+#[sqlx::test(migrations = false)]
+async fn an_older_process_s_claim_is_listed_for_the_reaper(_p: PgPoolOptions, opts: PgConnectOptions) {
+    common::init_logs();
+    let f = Function::new("old").on_event("go/old").handler(|_ctx: Ctx, _: ()| async { Ok(1) });
+    let engine = common::engine(&opts, vec![f]).await;
+    let id = engine.send(Event::new("go/old", &())).await.unwrap().run_ids[0];
+    // As 0020-0033's claims did: the run running under a new epoch, its
+    // history row written by the claim itself, the mark flipped.
+    sqlx::query(
+        "WITH c AS (
+            UPDATE durastep.runs SET state = 'running', lease_epoch = lease_epoch + 1, worker_id = gen_random_uuid(),
+                   started_at = coalesce(started_at, durastep.now()),
+                   lease_expires_at = durastep.now() - interval '1 second', history_noted = NOT history_noted
+             WHERE id = $1
+            RETURNING id, attempt, lease_epoch, worker_id)
+         INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
+         SELECT id, durastep.now(), 'running', attempt, lease_epoch, worker_id FROM c",
+    )
+    .bind(id)
+    .execute(engine.pool())
+    .await
+    .unwrap();
+    assert_eq!(engine.reap_expired_leases().await.unwrap(), 1, "the older claim's run was not listed");
+    assert_eq!(engine.run(id).await.unwrap().state, RunState::Queued);
+}
+
 /// Lost leases do not spend the function's retries: a run with `retries(0)`
 /// survives three lost workers and completes; with `retries(1)`, after two
 /// lost leases its own two failures still get their two attempts. Past the

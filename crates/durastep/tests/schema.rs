@@ -68,6 +68,22 @@ fn renames(sql: &str) -> Vec<(String, String, usize)> {
     out
 }
 
+/// Every `DROP FUNCTION durastep.<name>` in `sql`: (name, offset of the statement).
+fn drops(sql: &str) -> Vec<(String, usize)> {
+    let lower = sql.to_lowercase();
+    let head = "drop function durastep.";
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = lower[from..].find(head) {
+        let at = from + i;
+        let start = at + head.len();
+        let len = sql[start..].find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(0);
+        out.push((sql[start..start + len].to_owned(), at));
+        from = start;
+    }
+    out
+}
+
 /// A function's body: the text between its dollar-quote markers (`$$` or `$tag$`).
 fn dollar_body(sql: &str, from: usize) -> String {
     let open = from + sql[from..].find('$').expect("a dollar-quoted body");
@@ -321,19 +337,28 @@ async fn drift(pool: &PgPool) -> Vec<String> {
     let mut functions: BTreeMap<String, (String, String)> = BTreeMap::new();
     let mut views: BTreeMap<String, (String, String)> = BTreeMap::new();
     for (file, sql) in migrations() {
-        // Definitions and renames in the order the migration runs them.
-        let mut steps: Vec<(usize, Option<String>, String)> =
-            definitions(&sql, "function").into_iter().map(|(name, at)| (at, None, name)).collect();
-        steps.extend(renames(&sql).into_iter().map(|(old, new, at)| (at, Some(old), new)));
-        steps.sort();
-        for (at, renamed_from, name) in steps {
-            match renamed_from {
-                None => {
+        // Definitions, renames and drops in the order the migration runs them.
+        enum Step {
+            Define,
+            Rename(String),
+            Drop,
+        }
+        let mut steps: Vec<(usize, String, Step)> =
+            definitions(&sql, "function").into_iter().map(|(name, at)| (at, name, Step::Define)).collect();
+        steps.extend(renames(&sql).into_iter().map(|(old, new, at)| (at, new, Step::Rename(old))));
+        steps.extend(drops(&sql).into_iter().map(|(name, at)| (at, name, Step::Drop)));
+        steps.sort_by_key(|(at, ..)| *at);
+        for (at, name, step) in steps {
+            match step {
+                Step::Define => {
                     functions.insert(name, (file.clone(), dollar_body(&sql, at)));
                 }
-                Some(old) => {
+                Step::Rename(old) => {
                     let defined = functions.remove(&old).expect("a rename of a defined function");
                     functions.insert(name, defined);
+                }
+                Step::Drop => {
+                    functions.remove(&name).expect("a drop of a defined function");
                 }
             }
         }
@@ -414,6 +439,7 @@ fn definitions_are_found_with_their_bodies() {
     assert_eq!(v[0].0, "v");
     let r = renames("ALTER FUNCTION durastep.f(int)\n    RENAME TO g;\nALTER FUNCTION durastep.h(int) OWNER TO x;");
     assert_eq!(r, vec![("f".to_owned(), "g".to_owned(), 0)]);
+    assert_eq!(drops("SELECT 1;\nDROP FUNCTION durastep.old_one();"), vec![("old_one".to_owned(), 10)]);
     assert_eq!(view_query(sql, v[0].1), " SELECT (1) AS x -- a comment; with a semicolon\n FROM t WHERE y = ';'");
 }
 
