@@ -17,9 +17,10 @@
 
 use std::time::Duration;
 
-use durastep::{Ctx, Engine, Event, Function, RunState, WorkerOptions, failpoints};
-use durastep_testkit::{url_of, wait_for};
-use serde_json::Value;
+mod two_classes;
+
+use durastep::{Event, RunState, WorkerOptions, failpoints};
+use durastep_testkit::wait_for;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const POINT: &str = "claim-before-commit";
@@ -32,24 +33,13 @@ async fn with_claim_ahead_zero_the_claims_in_flight_bring_at_most_the_free_slots
     _p: PgPoolOptions,
     opts: PgConnectOptions,
 ) {
-    let engine = Engine::builder()
-        .database_url(url_of(&opts))
-        .worker_options(WorkerOptions {
-            max_in_flight: 1,
-            claim_ahead: 0,
-            poll_interval: Duration::from_millis(20),
-            ..WorkerOptions::default()
-        })
-        .function(Function::new("plain").on_event("go").handler(|_ctx: Ctx, _: Value| async move { Ok(()) }))
-        .function(
-            Function::new("timed")
-                .on_event("timed")
-                .finish_timeout(Duration::from_secs(3_600))
-                .handler(|_ctx: Ctx, _: Value| async move { Ok(()) }),
-        )
-        .build()
-        .await
-        .unwrap();
+    let worker = WorkerOptions {
+        max_in_flight: 1,
+        claim_ahead: 0,
+        poll_interval: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let engine = two_classes::engine(&opts, worker).await;
     // A run of each class due, so that each class has a claim to send.
     let plain = engine.send(Event::new("go", &())).await.unwrap().run_ids[0];
     let timed = engine.send(Event::new("timed", &())).await.unwrap().run_ids[0];

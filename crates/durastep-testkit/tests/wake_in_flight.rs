@@ -19,31 +19,20 @@
 
 use std::time::Duration;
 
-use durastep::{Ctx, Engine, Event, Function, RunState, WorkerOptions, failpoints};
-use durastep_testkit::{url_of, wait_for};
-use serde_json::Value;
+mod two_classes;
+
+use durastep::{Engine, Event, RunState, WorkerOptions, failpoints};
+use durastep_testkit::wait_for;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const POINT: &str = "claim-answered";
 const TAKEN: &str = "wake-taken";
 const WAIT: Duration = Duration::from_secs(20);
 
-/// An engine with `plain` (on `go`) and `timed` (on `timed`, a finish
-/// timeout of an hour: the full claim's), polling once a minute.
+/// The two classes' engine (`two_classes`), polling once a minute.
 async fn build(opts: &PgConnectOptions) -> Engine {
-    Engine::builder()
-        .database_url(url_of(opts))
-        .worker_options(WorkerOptions { poll_interval: Duration::from_secs(60), ..WorkerOptions::default() })
-        .function(Function::new("plain").on_event("go").handler(|_ctx: Ctx, _: Value| async move { Ok(()) }))
-        .function(
-            Function::new("timed")
-                .on_event("timed")
-                .finish_timeout(Duration::from_secs(3_600))
-                .handler(|_ctx: Ctx, _: Value| async move { Ok(()) }),
-        )
-        .build()
+    two_classes::engine(opts, WorkerOptions { poll_interval: Duration::from_secs(60), ..WorkerOptions::default() })
         .await
-        .unwrap()
 }
 
 /// Catches: an empty answer of a claim that was in flight when a wake-up for

@@ -30,58 +30,53 @@ fn migrations() -> Vec<(String, String)> {
         .collect()
 }
 
+/// Every case-insensitive occurrence of `head` in `sql` (which ends in
+/// `durastep.`), with the name after it: (offset of `head`, offset of the
+/// name, the name).
+fn named(sql: &str, head: &str) -> Vec<(usize, usize, String)> {
+    let lower = sql.to_lowercase();
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = lower[from..].find(head) {
+        let at = from + i;
+        let start = at + head.len();
+        let len = sql[start..].find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(0);
+        out.push((at, start, sql[start..start + len].to_owned()));
+        from = start;
+    }
+    out
+}
+
 /// Every `CREATE [OR REPLACE] <kind> durastep.<name>` in `sql`, with the
 /// offset just after the name.
 fn definitions(sql: &str, kind: &str) -> Vec<(String, usize)> {
-    let lower = sql.to_lowercase();
-    let mut out = Vec::new();
-    for head in [format!("create {kind} durastep."), format!("create or replace {kind} durastep.")] {
-        let mut from = 0;
-        while let Some(i) = lower[from..].find(&head) {
-            let start = from + i + head.len();
-            let len = sql[start..].find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(0);
-            out.push((sql[start..start + len].to_owned(), start + len));
-            from = start;
-        }
-    }
-    out
+    [format!("create {kind} durastep."), format!("create or replace {kind} durastep.")]
+        .iter()
+        .flat_map(|head| named(sql, head))
+        .map(|(_, start, name)| {
+            let end = start + name.len();
+            (name, end)
+        })
+        .collect()
 }
 
 /// Every `ALTER FUNCTION durastep.<old>(...) RENAME TO <new>` in `sql`: (old,
 /// new, offset of the statement).
 fn renames(sql: &str) -> Vec<(String, String, usize)> {
     let lower = sql.to_lowercase();
-    let head = "alter function durastep.";
-    let mut out = Vec::new();
-    let mut from = 0;
-    while let Some(i) = lower[from..].find(head) {
-        let at = from + i;
-        let start = at + head.len();
-        let end = start + lower[start..].find(';').expect("the end of ALTER FUNCTION");
-        let len = sql[start..].find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(0);
-        if let Some(to) = lower[start..end].find("rename to ") {
-            let new = sql[start + to + "rename to ".len()..end].trim();
-            out.push((sql[start..start + len].to_owned(), new.to_owned(), at));
-        }
-        from = end;
-    }
-    out
+    named(sql, "alter function durastep.")
+        .into_iter()
+        .filter_map(|(at, start, old)| {
+            let end = start + lower[start..].find(';').expect("the end of ALTER FUNCTION");
+            let to = lower[start..end].find("rename to ")?;
+            Some((old, sql[start + to + "rename to ".len()..end].trim().to_owned(), at))
+        })
+        .collect()
 }
 
 /// Every `DROP FUNCTION durastep.<name>` in `sql`: (name, offset of the statement).
 fn drops(sql: &str) -> Vec<(String, usize)> {
-    let lower = sql.to_lowercase();
-    let head = "drop function durastep.";
-    let mut out = Vec::new();
-    let mut from = 0;
-    while let Some(i) = lower[from..].find(head) {
-        let at = from + i;
-        let start = at + head.len();
-        let len = sql[start..].find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(0);
-        out.push((sql[start..start + len].to_owned(), at));
-        from = start;
-    }
-    out
+    named(sql, "drop function durastep.").into_iter().map(|(at, _, name)| (name, at)).collect()
 }
 
 /// A function's body: the text between its dollar-quote markers (`$$` or `$tag$`).
