@@ -142,9 +142,9 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
         // the two classes' claims in flight together bring at most the free
         // slots, and take turns at them (below).
         let strict = ahead == 0;
-        // In strict mode, the class whose claim goes first when both may claim
-        // (index `class(fast)`); the other class goes first after it claimed.
-        let mut first = class(true);
+        // In strict mode, whether the fast class's claim goes first when both
+        // may claim; the other class goes first after one claimed.
+        let mut fast_first = true;
         let batch = opts.claim_batch.max(1);
         // Claimed runs waiting for a slot, in the order they start.
         let mut ready: VecDeque<Ready> = VecDeque::new();
@@ -236,17 +236,18 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
             // If both bring runs for the same slots, the flow-limited ones
             // start first (`enqueue`) and the others wait as runs claimed ahead.
             // With `claim_ahead: 0` there are no runs claimed ahead: a class
-            // counts every claim in flight, and the classes take turns at the
-            // free slots (neither starves the other while both have runs due).
+            // counts every claim in flight and every answer not yet taken (at
+            // most its cap each), and the classes take turns at the free
+            // slots (neither starves the other while both have runs due).
             let idle = slots.available_permits();
+            let untaken = if strict { answered.iter().map(|d| d.cap).sum::<usize>() } else { 0 };
             let mut sent = false;
-            let order = if first == class(true) { [true, false] } else { [false, true] };
-            for fast in order {
+            for fast in [fast_first, !fast_first] {
                 let c = class(fast);
                 let mine = in_flight.values().filter(|s| s.fast == fast);
                 let n = mine.clone().count();
                 let counted = in_flight.values().filter(|s| strict || s.fast == fast);
-                let covered = ready.len() + counted.map(|s| s.cap).sum::<usize>();
+                let covered = ready.len() + untaken + counted.map(|s| s.cap).sum::<usize>();
                 let room = (idle + ahead).saturating_sub(covered);
                 let starved = idle > covered || (ahead > 0 && room >= ahead.div_ceil(2));
                 // No claim of a class is sent while its answers wait, nor while
@@ -278,7 +279,7 @@ pub(crate) async fn run(engine: Arc<EngineInner>, shutdown: CancellationToken) -
                 in_flight.insert(task.id(), Sent { fast, cap });
                 sent = true;
                 if strict {
-                    first = class(!fast);
+                    fast_first = !fast;
                 }
             }
             if sent {

@@ -406,8 +406,10 @@ const SWEEPS: [(&str, &str, &[&str]); 2] = [
 /// 0038): `runs_deadline` and `runs_start_by` for the timeout sweep,
 /// `runs_attempt_stopping` for the release of cancelled attempts whose lease
 /// lapsed. With a condition dropped or changed so that it no longer implies
-/// the predicate (the state list, the `started_at IS NULL` of a start
-/// deadline), Postgres cannot use the index and scans the table (here
+/// the predicate (checked: the `started_at IS NULL` of a start deadline, the
+/// `worker_id IS NOT NULL` of the release; or the runs locked through a join
+/// with those found, as the timeout sweep did until 2026-12-07), Postgres
+/// cannot use the index and scans the table (here
 /// 20,000 finished runs, every one with both deadlines) or the due queue
 /// (a backlog of 2,000 queued runs). Checked under the generic plan, which
 /// a pool keeps after five executions.

@@ -167,6 +167,81 @@ async fn entry_kinds_are_the_kind_checks_list(pool: PgPool) {
     }
 }
 
+/// Catches: a condition of `runs_changed` (migration 0041) narrower than
+/// the five row triggers it replaced, or one its hot rows satisfy. A row one
+/// of the five fired for on which the one trigger does not call its function
+/// would lose a history row, an on-failure run, a parent's outcome, a cancel
+/// notice, a flow release or an attempt's claim record; a claim or a
+/// completion of a plain run that satisfies it would call PL/pgSQL once per
+/// row on the hot path. The five conditions as their migrations wrote them,
+/// and the trigger's as the database holds it, are evaluated over every
+/// combination of the values they read: the old and new state, the lease
+/// epoch and the history mark changed or not, slots held before or not, a
+/// parent or not, and the claim record unchanged (NULL or not) or changed.
+/// Checked by changing the migration: without its last clause (running, the
+/// same `claim_id`) 27 rows are left uncovered, without `cancelled` 12, and
+/// with `OR NEW.state = 'running'` added 2 hot rows call the function.
+#[sqlx::test(migrations = false)]
+async fn the_one_row_trigger_s_condition_covers_the_five_it_replaced(pool: PgPool) {
+    durastep::migrate(&pool).await.expect("migrate");
+    let def: String = sqlx::query_scalar(
+        "SELECT pg_get_triggerdef(oid) FROM pg_trigger
+          WHERE tgrelid = 'durastep.runs'::regclass AND tgname = 'runs_changed'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("the trigger runs_changed");
+    let when = def
+        .split_once(" WHEN ")
+        .and_then(|(_, rest)| rest.split_once(" EXECUTE FUNCTION "))
+        .map(|(when, _)| when.replace("new.", "n.").replace("old.", "o."))
+        .unwrap_or_else(|| panic!("a WHEN in {def}"));
+    let sql = format!(
+        "WITH s(v) AS (VALUES ('queued'), ('running'), ('sleeping'), ('waiting'), ('completed'), ('failed'),
+                              ('cancelled'), ('skipped'), ('diverged')),
+              b(v) AS (VALUES (false), (true)),
+              k(v) AS (VALUES (0), (1), (2)),
+              rows AS (
+                  SELECT o, n FROM s os, s ns, b epoch, b noted, b held, b parent, b claimed, k claim,
+                   LATERAL (SELECT os.v AS state, 1::bigint AS lease_epoch, false AS history_noted,
+                                   CASE WHEN held.v THEN '[[\"r\", \"k\"]]'::jsonb END AS flow_held,
+                                   CASE WHEN parent.v THEN gen_random_uuid() END AS parent_run_id,
+                                   CASE WHEN claimed.v THEN '00000000-0000-0000-0000-000000000001'::uuid END
+                                       AS claim_id) o,
+                   LATERAL (SELECT ns.v AS state, o.lease_epoch + epoch.v::int AS lease_epoch,
+                                   noted.v AS history_noted, o.parent_run_id,
+                                   CASE claim.v WHEN 0 THEN o.claim_id WHEN 1 THEN gen_random_uuid() END
+                                       AS claim_id) n),
+              judged AS (
+                  SELECT (n.state = 'failed' AND o.state <> 'failed')
+                         OR (n.parent_run_id IS NOT NULL AND n.state IN ('completed', 'failed', 'cancelled')
+                             AND o.state NOT IN ('completed', 'failed', 'cancelled'))
+                         OR ((n.state <> o.state OR n.lease_epoch <> o.lease_epoch)
+                             AND n.history_noted = o.history_noted)
+                         OR (o.flow_held IS NOT NULL OR (o.state = 'running' AND n.state = 'cancelled'))
+                         OR (n.state = 'running' AND n.lease_epoch IS DISTINCT FROM o.lease_epoch
+                             AND n.claim_id IS NOT DISTINCT FROM o.claim_id) AS five,
+                         coalesce({when}, false) AS one,
+                         -- A claim of a plain run (queued to running, a new
+                         -- epoch and claim record, its own history row) or
+                         -- its completion.
+                         n.history_noted AND o.flow_held IS NULL AND o.parent_run_id IS NULL
+                         AND ((o.state = 'queued' AND n.state = 'running' AND n.lease_epoch <> o.lease_epoch
+                               AND n.claim_id IS NOT NULL AND n.claim_id IS DISTINCT FROM o.claim_id)
+                              OR (o.state = 'running' AND n.state = 'completed'
+                                  AND n.lease_epoch = o.lease_epoch)) AS hot
+                    FROM rows r, LATERAL (SELECT (r.o).*) o, LATERAL (SELECT (r.n).*) n)
+         SELECT count(*) FILTER (WHERE five), count(*) FILTER (WHERE five AND NOT one),
+                count(*) FILTER (WHERE hot AND one)
+           FROM judged"
+    );
+    let (fired, uncovered, hot): (i64, i64, i64) =
+        sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_one(&pool).await.expect("evaluate the conditions");
+    assert!(fired > 1_000, "the combinations reach the five conditions: {fired}");
+    assert_eq!(uncovered, 0, "rows one of the five fired for, which runs_changed skips ({when})");
+    assert_eq!(hot, 0, "claims or completions of a plain run call run_changed ({when})");
+}
+
 /// Catches: a trigger on `durastep.runs` that fires on UPDATE and keeps
 /// transition tables. Postgres then copies the old and the new version of
 /// every row of every UPDATE of `runs` (each claim, each completion) into
