@@ -4,10 +4,11 @@
 export PGHOST="${PGHOST:-127.0.0.1}" PGUSER="${PGUSER:-postgres}"
 
 # Creates the database $1 afresh (dropping one left by an earlier run) and
-# applies every migration to it; the caller drops it when it exits.
+# applies every migration to it, each in one transaction as the engine
+# applies them; the caller drops it when it exits.
 migrated_db() {
   PGOPTIONS="-c client_min_messages=warning" psql -qc "DROP DATABASE IF EXISTS $1" -c "CREATE DATABASE $1"
-  for f in migrations/*.sql; do psql -d "$1" -v ON_ERROR_STOP=1 -q -f "$f" >/dev/null; done
+  for f in migrations/*.sql; do psql -d "$1" -1 -v ON_ERROR_STOP=1 -q -f "$f" >/dev/null; done
 }
 
 # Prints a claim for pgbench on one line: the statement in the SQL file $1

@@ -6,7 +6,7 @@
 --
 --   psql -h 127.0.0.1 -U postgres -c 'CREATE DATABASE durastep_sizes'
 --   for f in migrations/*.sql; do
---     psql -h 127.0.0.1 -U postgres -d durastep_sizes -v ON_ERROR_STOP=1 -q -f "$f" || break
+--     psql -h 127.0.0.1 -U postgres -d durastep_sizes -1 -v ON_ERROR_STOP=1 -q -f "$f" || break
 --   done
 --   psql -h 127.0.0.1 -U postgres -d durastep_sizes -v ON_ERROR_STOP=1 -f benches/sql/table_sizes.sql
 --   psql -h 127.0.0.1 -U postgres -c 'DROP DATABASE durastep_sizes'

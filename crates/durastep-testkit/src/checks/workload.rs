@@ -134,6 +134,32 @@ pub async fn runs(pool: &PgPool) -> Result<Vec<WlRun>> {
     .await?)
 }
 
+/// Runs without their key in `durastep.run_keys` and keys without their run
+/// (migration 0042), of every function: (run id, what is wrong). Every run
+/// has exactly one key, and it names the run's event and function; a
+/// debounced run's key follows it to its newest event.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
+/// let wrong = durastep_testkit::checks::workload::key_mismatches(&pool).await?;
+/// # let _ = wrong; Ok(()) }
+/// ```
+pub async fn key_mismatches(pool: &PgPool) -> Result<Vec<(Uuid, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT r.id, 'run without its key (event ' || r.event_id || ', function ' || r.function_id || ')'
+           FROM durastep.runs r
+          WHERE NOT EXISTS (SELECT 1 FROM durastep.run_keys k
+                             WHERE k.event_id = r.event_id AND k.function_id = r.function_id AND k.run_id = r.id)
+         UNION ALL
+         SELECT k.run_id, 'key without its run (event ' || k.event_id || ', function ' || k.function_id || ')'
+           FROM durastep.run_keys k
+          WHERE NOT EXISTS (SELECT 1 FROM durastep.runs r
+                             WHERE r.id = k.run_id AND r.event_id = k.event_id AND r.function_id = k.function_id)",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
 /// Stored step results of workload runs: (run, step key, output, lease epoch).
 ///
 /// ```no_run

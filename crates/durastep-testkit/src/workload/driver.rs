@@ -498,6 +498,11 @@ async fn oracle(pool: &sqlx::PgPool, seen: &Seen, lease: Duration, out: &mut Out
     }
     out.count("runs", i64::try_from(runs.len()).unwrap_or(i64::MAX));
 
+    // run-key: every run has its key, every key its run (migration 0042).
+    for (run, detail) in sql::key_mismatches(pool).await? {
+        find("run-key", Some(run), detail);
+    }
+
     // final-state, output.
     for r in &runs {
         out.count(format!("state:{}", r.state), 1);

@@ -31,6 +31,24 @@ pub(crate) struct RunQuery<'a> {
     pub limit: i64,
 }
 
+impl RunQuery<'_> {
+    /// The runs and their events, as a listing's `FROM`. With a filter on the
+    /// event, through the runs' keys (migration 0042), so that Postgres may
+    /// find a rare event first and its runs by their keys, as it found them
+    /// through `UNIQUE (event_id, function_id)` before: no index of `runs`
+    /// names `event_id` any more, and without the keys a listing of one
+    /// idempotency key read every run.
+    fn from_runs_and_events(&self) -> &'static str {
+        if self.event_name.is_some() || self.idempotency_key.is_some() || self.data.is_some() {
+            " FROM durastep.runs r
+               JOIN durastep.run_keys k ON k.event_id = r.event_id AND k.function_id = r.function_id AND k.run_id = r.id
+               JOIN durastep.events e ON e.id = k.event_id"
+        } else {
+            " FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id"
+        }
+    }
+}
+
 /// One run of a listing.
 #[derive(sqlx::FromRow)]
 pub(crate) struct RunListRow {
@@ -192,9 +210,9 @@ pub(crate) async fn list_runs(pool: &PgPool, q: &RunQuery<'_>) -> Result<Vec<Run
         let mut b = QueryBuilder::new(
             "SELECT r.id, r.function_id, r.event_id, e.name AS event_name, e.idempotency_key, r.state, r.attempt,
                     r.max_attempts, r.lease_losses, least(r.run_at, '9999-12-31 23:59:59+00') AS run_at,
-                    r.created_at, r.finished_at, r.last_error
-               FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id",
+                    r.created_at, r.finished_at, r.last_error",
         );
+        b.push(q.from_runs_and_events());
         push_run_filter(&mut b, q, ids);
         Walk::NewestFirst.push_past(&mut b, q.before, ids);
         b.push(Walk::NewestFirst.order(ids)).push(" LIMIT ").push_bind(left);
@@ -219,9 +237,8 @@ pub(crate) async fn matching_run_ids(
         if left <= 0 {
             break;
         }
-        let mut b = QueryBuilder::new(
-            "SELECT r.id, r.created_at FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id",
-        );
+        let mut b = QueryBuilder::new("SELECT r.id, r.created_at");
+        b.push(q.from_runs_and_events());
         push_run_filter(&mut b, q, ids);
         Walk::OldestFirst.push_past(&mut b, after, ids);
         b.push(Walk::OldestFirst.order(ids)).push(" LIMIT ").push_bind(left);
@@ -241,11 +258,12 @@ pub(crate) struct EventRow {
     pub runs: i64,
 }
 
-/// One event with the number of runs it started.
+/// One event with the number of runs it started (counted by their keys,
+/// migration 0042).
 pub(crate) async fn load_event(pool: &PgPool, id: Uuid) -> Result<Option<EventRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT e.id, e.name, e.payload, e.idempotency_key, e.created_at,
-                (SELECT count(*) FROM durastep.runs r WHERE r.event_id = e.id) AS runs
+                (SELECT count(*) FROM durastep.run_keys k WHERE k.event_id = e.id) AS runs
            FROM durastep.events e WHERE e.id = $1",
     )
     .bind(id)
@@ -262,7 +280,7 @@ pub(crate) async fn list_events(
 ) -> Result<Vec<EventRow>, sqlx::Error> {
     let mut b = QueryBuilder::new(
         "SELECT e.id, e.name, e.payload, e.idempotency_key, e.created_at,
-                (SELECT count(*) FROM durastep.runs r WHERE r.event_id = e.id) AS runs
+                (SELECT count(*) FROM durastep.run_keys k WHERE k.event_id = e.id) AS runs
            FROM durastep.events e WHERE true",
     );
     if let Some(n) = name {

@@ -136,9 +136,11 @@ async fn report_duplicates(
     }
     let names: Vec<&str> = duplicates.iter().map(|&i| events[i].name.as_str()).collect();
     let keys: Vec<&str> = duplicates.iter().map(|&i| events[i].idempotency_key.as_deref().unwrap_or("")).collect();
+    // The event's runs by their keys (migration 0042: no index of `runs`
+    // names `event_id`).
     let rows = sqlx::query(
         "SELECT t.ord, e.id,
-                    ARRAY(SELECT r.id FROM durastep.runs r WHERE r.event_id = e.id
+                    ARRAY(SELECT k.run_id FROM durastep.run_keys k WHERE k.event_id = e.id
                           UNION SELECT m.run_id FROM durastep.debounced_events m WHERE m.event_id = e.id
                           ORDER BY 1) AS run_ids
                FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(name, idem, ord)
