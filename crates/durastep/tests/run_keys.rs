@@ -59,7 +59,8 @@ async fn a_second_run_of_a_function_for_an_event_is_refused(_p: PgPoolOptions, o
         .execute(engine.pool())
     };
     let fresh = Uuid::now_v7();
-    for (what, result) in [("a second run", insert(1, sent.event_id).await), ("two runs at once", insert(2, fresh).await)]
+    for (what, result) in
+        [("a second run", insert(1, sent.event_id).await), ("two runs at once", insert(2, fresh).await)]
     {
         let err = result.expect_err(what);
         let db = err.as_database_error().expect("a database error");

@@ -38,7 +38,7 @@ impl RunQuery<'_> {
     /// through `UNIQUE (event_id, function_id)` before: no index of `runs`
     /// names `event_id` any more, and without the keys a listing of one
     /// idempotency key read every run.
-    fn from_runs_and_events(&self) -> &'static str {
+    fn runs_and_events(&self) -> &'static str {
         if self.event_name.is_some() || self.idempotency_key.is_some() || self.data.is_some() {
             " FROM durastep.runs r
                JOIN durastep.run_keys k ON k.event_id = r.event_id AND k.function_id = r.function_id AND k.run_id = r.id
@@ -212,7 +212,7 @@ pub(crate) async fn list_runs(pool: &PgPool, q: &RunQuery<'_>) -> Result<Vec<Run
                     r.max_attempts, r.lease_losses, least(r.run_at, '9999-12-31 23:59:59+00') AS run_at,
                     r.created_at, r.finished_at, r.last_error",
         );
-        b.push(q.from_runs_and_events());
+        b.push(q.runs_and_events());
         push_run_filter(&mut b, q, ids);
         Walk::NewestFirst.push_past(&mut b, q.before, ids);
         b.push(Walk::NewestFirst.order(ids)).push(" LIMIT ").push_bind(left);
@@ -238,7 +238,7 @@ pub(crate) async fn matching_run_ids(
             break;
         }
         let mut b = QueryBuilder::new("SELECT r.id, r.created_at");
-        b.push(q.from_runs_and_events());
+        b.push(q.runs_and_events());
         push_run_filter(&mut b, q, ids);
         Walk::OldestFirst.push_past(&mut b, after, ids);
         b.push(Walk::OldestFirst.order(ids)).push(" LIMIT ").push_bind(left);
