@@ -33,7 +33,10 @@
 --   (or truncate) of events still takes their runs along, by trigger.
 
 -- No run is inserted, updated or deleted between the copy and the triggers.
-LOCK TABLE durastep.runs, durastep.events IN SHARE ROW EXCLUSIVE MODE;
+-- The exclusive lock the DDL below needs, taken first: a weaker one
+-- upgraded later could deadlock with a transaction that read `runs` and
+-- then waits to write it.
+LOCK TABLE durastep.runs, durastep.events IN ACCESS EXCLUSIVE MODE;
 
 CREATE TABLE durastep.run_keys (
     event_id    uuid NOT NULL,

@@ -560,6 +560,57 @@ async fn the_renamed_handing_sends_take_the_old_pair_s_grants(pool: PgPool) {
     assert_eq!(granted, expected, "(function, the role may execute it, PUBLIC may)");
 }
 
+/// Catches: migration 0042 leaving `run_keys` without the privileges roles
+/// have on `runs`: the trigger that keys new runs runs with the inserting
+/// role's rights, so a deployment's runtime role (granted on `runs` by the
+/// recipe of docs/security.md before 0042) would fail every send after the
+/// upgrade, and its reader role every event's run count. The database is
+/// migrated to 0041, two roles are granted on `runs` as that recipe did,
+/// then it is migrated on.
+#[sqlx::test(migrations = false)]
+async fn the_run_keys_take_the_grants_of_runs(pool: PgPool) {
+    let mut before = sqlx::migrate!("../../migrations");
+    before.create_schema("durastep");
+    before.dangerous_set_table_name("durastep._migrations");
+    before.run_to(41, &pool).await.expect("migrate to 0041");
+    let tag = uuid::Uuid::new_v4().simple();
+    let (app, reader) = (format!("durastep_app_{tag}"), format!("durastep_reader_{tag}"));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {app}; CREATE ROLE {reader};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON durastep.runs TO {app};
+         GRANT SELECT ON durastep.runs TO {reader}"
+    )))
+    .execute(&pool)
+    .await
+    .expect("the grants of 0041's recipe");
+    durastep::migrate(&pool).await.expect("migrate on");
+    let mut granted = Vec::new();
+    for role in [&app, &reader] {
+        for privilege in ["SELECT", "INSERT", "UPDATE", "DELETE"] {
+            let has: bool = sqlx::query_scalar("SELECT has_table_privilege($1, 'durastep.run_keys', $2)")
+                .bind(role)
+                .bind(privilege)
+                .fetch_one(&pool)
+                .await
+                .expect("privilege");
+            granted.push(has);
+        }
+    }
+    let public: bool = sqlx::query_scalar("SELECT has_table_privilege('public', 'durastep.run_keys', 'SELECT')")
+        .fetch_one(&pool)
+        .await
+        .expect("PUBLIC's privilege");
+    // The roles go before the verdict: they are the cluster's, not the test database's.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP OWNED BY {app}; DROP ROLE {app}; DROP OWNED BY {reader}; DROP ROLE {reader}"
+    )))
+    .execute(&pool)
+    .await
+    .expect("drop the roles");
+    assert_eq!(granted, [true, true, true, true, true, false, false, false], "(app, then reader: S I U D)");
+    assert!(!public, "PUBLIC reads the keys");
+}
+
 /// Catches: a `durastep.now()` that Postgres cannot inline (PL/pgSQL, as
 /// from migration 0019 to 0038; a SQL body that reads a table; a `SET`
 /// clause), so that every statement calls it again, per row where it sits in
