@@ -78,8 +78,9 @@ $$;
 
 -- The engine's statements, verbatim from the store.
 CREATE TABLE sizes.stmt (name text PRIMARY KEY, sql text NOT NULL);
--- crates/durastep/src/store/sql/claim_fast.sql, read from the file (run from the repository root).
-\set claim_fast_sql `cat crates/durastep/src/store/sql/claim_fast.sql`
+-- crates/durastep/src/store/sql/claim_fast.sql with run_records.sql appended, as the
+-- store sends it, read from the files (run from the repository root).
+\set claim_fast_sql `cat crates/durastep/src/store/sql/claim_fast.sql crates/durastep/src/store/sql/run_records.sql`
 INSERT INTO sizes.stmt VALUES ('claim_fast', :'claim_fast_sql');
 -- crates/durastep/src/store/attempt.rs: flush_sql!("FOR NO KEY UPDATE", fin_complete!()), in its text
 -- before 2026-12-02 (it read its arrays directly; the rows it writes are the same)
@@ -312,7 +313,7 @@ SELECT c.relname, round(pg_total_relation_size(c.oid) / 1048576.0, 1) AS total_m
  ORDER BY 2 DESC;
 
 \echo
-\echo == The walk of runs_due with only sleeping runs unfinished (an empty claim's before 2026-12-04)
+\echo == The walk of runs_due with only sleeping runs unfinished (what an empty claim walked before 2026-12-04)
 EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
 SELECT c.id FROM durastep.runs c
  WHERE c.state IN ('queued', 'sleeping', 'waiting') AND c.run_at <= durastep.now()
@@ -325,8 +326,8 @@ SELECT c.id FROM durastep.runs c
  LIMIT 32
  FOR UPDATE OF c SKIP LOCKED;
 
--- Retention. A copy of the five run-owned tables, partitioned by month of the
--- run's creation (the finished runs of populations 1 and 2 moved into last
+-- Retention. A copy of the six run-owned tables (`run_keys` since migration
+-- 0042), partitioned by month of the run's creation (the finished runs of populations 1 and 2 moved into last
 -- month, the sleeping ones in this month), with the same indexes as the
 -- originals (unique ones as plain indexes: a unique index on a partitioned
 -- table must contain the partition key), and the primary keys extended by it.
@@ -345,13 +346,15 @@ CREATE TABLE part.step_journal (LIKE durastep.step_journal INCLUDING DEFAULTS, r
     PRIMARY KEY (run_id, position, run_created_at)) PARTITION BY RANGE (run_created_at);
 CREATE TABLE part.run_history (LIKE durastep.run_history INCLUDING DEFAULTS, run_created_at timestamptz NOT NULL,
     PRIMARY KEY (run_id, seq, run_created_at)) PARTITION BY RANGE (run_created_at);
+CREATE TABLE part.run_keys (LIKE durastep.run_keys INCLUDING DEFAULTS, run_created_at timestamptz NOT NULL,
+    PRIMARY KEY (event_id, function_id, run_created_at)) PARTITION BY RANGE (run_created_at);
 DO $$
 DECLARE
     t text;
     m timestamptz := date_trunc('month', now());
     d text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['events', 'runs', 'step_results', 'step_journal', 'run_history'] LOOP
+    FOREACH t IN ARRAY ARRAY['events', 'runs', 'step_results', 'step_journal', 'run_history', 'run_keys'] LOOP
         EXECUTE format('CREATE TABLE part.%I PARTITION OF part.%I FOR VALUES FROM (%L) TO (%L)',
                        t || '_last_month', t, m - interval '1 month', m);
         EXECUTE format('CREATE TABLE part.%I PARTITION OF part.%I FOR VALUES FROM (%L) TO (%L)',
@@ -365,11 +368,9 @@ BEGIN
          WHERE i.schemaname = 'durastep'
            AND i.tablename IN ('events', 'runs', 'step_results', 'step_journal', 'run_history')
            AND i.indexname NOT LIKE '%pkey'
-           AND i.indexname <> 'runs_event_id_function_id_key'
     LOOP
         EXECUTE d;
     END LOOP;
-    CREATE INDEX p_runs_event_function ON part.runs (event_id, function_id);
 END $$;
 -- Finished runs (and everything they own) go to last month.
 CREATE TEMP TABLE moved AS
@@ -385,12 +386,14 @@ INSERT INTO part.step_results SELECT s.*, m.created_at FROM durastep.step_result
 INSERT INTO part.step_journal SELECT j.*, m.created_at FROM durastep.step_journal j JOIN moved m ON m.id = j.run_id;
 INSERT INTO part.run_history
 SELECT h.*, m.created_at FROM durastep.run_history h JOIN moved m ON m.id = h.run_id;
-VACUUM ANALYZE part.events, part.runs, part.step_results, part.step_journal, part.run_history;
+INSERT INTO part.run_keys SELECT k.*, m.created_at FROM durastep.run_keys k JOIN moved m ON m.id = k.run_id;
+VACUUM ANALYZE part.events, part.runs, part.step_results, part.step_journal, part.run_history, part.run_keys;
 SELECT 'last month' AS partition,
        (SELECT count(*) FROM part.runs_last_month) AS runs,
        (SELECT count(*) FROM part.step_results_last_month) AS step_results,
        (SELECT count(*) FROM part.step_journal_last_month) AS step_journal,
        (SELECT count(*) FROM part.run_history_last_month) AS run_history,
+       (SELECT count(*) FROM part.run_keys_last_month) AS run_keys,
        (SELECT count(*) FROM part.events_last_month) AS events;
 
 \echo
@@ -423,10 +426,10 @@ SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), :'wal_before_delete'
 SELECT c.relname, round(pg_total_relation_size(c.oid) / 1048576.0, 1) AS total_mb_after_delete,
        (SELECT n_dead_tup FROM pg_stat_user_tables s WHERE s.relid = c.oid) AS dead_rows
   FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace
- WHERE ns.nspname = 'durastep' AND c.relname IN ('runs', 'step_results', 'step_journal', 'run_history', 'events')
+ WHERE ns.nspname = 'durastep' AND c.relname IN ('runs', 'step_results', 'step_journal', 'run_history', 'run_keys', 'events')
  ORDER BY 2 DESC;
 \timing on
-VACUUM durastep.runs, durastep.step_results, durastep.step_journal, durastep.run_history, durastep.events;
+VACUUM durastep.runs, durastep.step_results, durastep.step_journal, durastep.run_history, durastep.run_keys, durastep.events;
 \timing off
 
 \echo
@@ -439,9 +442,10 @@ ALTER TABLE part.runs DETACH PARTITION part.runs_last_month;
 ALTER TABLE part.step_results DETACH PARTITION part.step_results_last_month;
 ALTER TABLE part.step_journal DETACH PARTITION part.step_journal_last_month;
 ALTER TABLE part.run_history DETACH PARTITION part.run_history_last_month;
+ALTER TABLE part.run_keys DETACH PARTITION part.run_keys_last_month;
 ALTER TABLE part.events DETACH PARTITION part.events_last_month;
 DROP TABLE part.runs_last_month, part.step_results_last_month, part.step_journal_last_month,
-           part.run_history_last_month, part.events_last_month;
+           part.run_history_last_month, part.run_keys_last_month, part.events_last_month;
 COMMIT;
 \timing off
 SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), :'wal_before_drop')) AS wal_written_by_drop;

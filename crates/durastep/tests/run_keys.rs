@@ -74,6 +74,66 @@ async fn a_second_run_of_a_function_for_an_event_is_refused(_p: PgPoolOptions, o
     assert_eq!(keys(&engine).await.len(), 2);
 }
 
+/// Catches: a send whose fan-out inserts runs in several parts of one
+/// statement (the full fan-out's plain, debounced and singleton inserts are
+/// three CTEs) keying them more than once or not at all. Postgres gathers
+/// the rows of every insert of a statement into one transition table and
+/// fires the statement trigger once (docs/architecture.md "The run's key in
+/// a table of its own"); if it fired once per insert with the shared table,
+/// the second firing would insert the same keys again and fail the send.
+/// One event triggers a plain, a debounced and a singleton function: three
+/// runs, each with its one key. A second event of the same key then inserts
+/// a plain run, a skipped singleton run (a fourth insert) and moves the
+/// debounced run to itself, in one statement: five runs, five keys, the
+/// debounced run's under the second event.
+#[sqlx::test(migrations = false)]
+async fn a_fan_out_s_runs_are_keyed_once_each(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let handler = |_ctx: Ctx, v: Value| async move { Ok(v) };
+    let functions = vec![
+        Function::new("plain").on_event("go").handler(handler),
+        Function::new("debounced")
+            .on_event("go")
+            .debounce(durastep::Debounce::new(Duration::from_secs(10)).key("/k"))
+            .handler(handler),
+        Function::new("single")
+            .on_event("go")
+            .singleton(durastep::Singleton::new(durastep::SingletonMode::SkipNew).key("/k"))
+            .handler(handler),
+    ];
+    let engine = common::engine(&opts, functions).await;
+    let first = engine.send(Event::new("go", &json!({"k": "a"}))).await.expect("send");
+    assert_eq!(first.run_ids.len(), 3, "{first:?}");
+    let run = |f: &'static str, n: usize| {
+        let engine = engine.clone();
+        async move {
+            let runs = common::runs_of(&engine, f).await;
+            assert_eq!(runs.len(), n, "{f}: {runs:?}");
+            runs
+        }
+    };
+    let (d, p, s) = (run("debounced", 1).await, run("plain", 1).await, run("single", 1).await);
+    let key = |e: Uuid, f: &str, r: Uuid| (e, f.to_owned(), r);
+    let expected = vec![
+        key(first.event_id, "debounced", d[0]),
+        key(first.event_id, "plain", p[0]),
+        key(first.event_id, "single", s[0]),
+    ];
+    assert_eq!(keys(&engine).await, expected);
+
+    let second = engine.send(Event::new("go", &json!({"k": "a"}))).await.expect("send");
+    assert_eq!(second.run_ids.len(), 3, "{second:?}");
+    let (p, s) = (run("plain", 2).await, run("single", 2).await);
+    assert_eq!(run("debounced", 1).await, d, "the debounced run merged the second event");
+    let expected = vec![
+        key(first.event_id, "plain", p[0]),
+        key(first.event_id, "single", s[0]),
+        key(second.event_id, "debounced", d[0]),
+        key(second.event_id, "plain", p[1]),
+        key(second.event_id, "single", s[1]),
+    ];
+    assert_eq!(keys(&engine).await, expected);
+}
+
 /// Catches: a debounced run's key left under the event it was created for
 /// when a later event of its key takes it over (the upsert sets the run's
 /// `event_id`): its newest event would count no run and its first event one,

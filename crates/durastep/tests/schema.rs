@@ -515,6 +515,16 @@ fn definitions_are_found_with_their_bodies() {
     assert_eq!(view_query(sql, v[0].1), " SELECT (1) AS x -- a comment; with a semicolon\n FROM t WHERE y = ';'");
 }
 
+/// Migrates `pool` as the engine does (the same schema and bookkeeping
+/// table), up to and including migration `version`: the state an upgrade
+/// starts from.
+async fn migrate_to(pool: &PgPool, version: i64) {
+    let mut before = sqlx::migrate!("../../migrations");
+    before.create_schema("durastep");
+    before.dangerous_set_table_name("durastep._migrations");
+    before.run_to(version, pool).await.unwrap_or_else(|e| panic!("migrate to {version}: {e}"));
+}
+
 /// Catches: migration 0035 leaving the renamed handing sends
 /// (`send_event_to_worker`, `send_event_to_worker_by_claim`) without the
 /// grants of the pair they replace, or open to PUBLIC where the old pair was
@@ -525,10 +535,7 @@ fn definitions_are_found_with_their_bodies() {
 /// migrated on.
 #[sqlx::test(migrations = false)]
 async fn the_renamed_handing_sends_take_the_old_pair_s_grants(pool: PgPool) {
-    let mut before = sqlx::migrate!("../../migrations");
-    before.create_schema("durastep");
-    before.dangerous_set_table_name("durastep._migrations");
-    before.run_to(34, &pool).await.expect("migrate to 0034");
+    migrate_to(&pool, 34).await;
     let role = format!("durastep_grants_{}", uuid::Uuid::new_v4().simple());
     let sig = "(uuid, text, text, text, integer, uuid, double precision, text[], integer[], integer)";
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
@@ -569,10 +576,7 @@ async fn the_renamed_handing_sends_take_the_old_pair_s_grants(pool: PgPool) {
 /// then it is migrated on.
 #[sqlx::test(migrations = false)]
 async fn the_run_keys_take_the_grants_of_runs(pool: PgPool) {
-    let mut before = sqlx::migrate!("../../migrations");
-    before.create_schema("durastep");
-    before.dangerous_set_table_name("durastep._migrations");
-    before.run_to(41, &pool).await.expect("migrate to 0041");
+    migrate_to(&pool, 41).await;
     let tag = uuid::Uuid::new_v4().simple();
     let (app, reader) = (format!("durastep_app_{tag}"), format!("durastep_reader_{tag}"));
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
