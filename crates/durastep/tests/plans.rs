@@ -459,3 +459,53 @@ async fn the_reaper_sweeps_read_their_partial_indexes(_p: PgPoolOptions, opts: P
     }
     drop(engine);
 }
+
+/// Catches: a read of the diverged runs that scans `runs`. Since migration
+/// 0043 they have no index of their own: the overview's exact counts of the
+/// unfinished states (`counts_estimated` over `EXACT_COUNT_BELOW` runs) and
+/// the deploy check's pages find them through `runs_listed_by_state`, whose
+/// predicate names `diverged`. Checked: with that index dropped as well,
+/// both read the 60,000 finished runs here by sequential scans. The reads go
+/// through an engine with one connection, whose statistics the test flushes
+/// before it reads them.
+#[sqlx::test(migrations = false)]
+async fn the_diverged_runs_are_read_through_the_listing_index(_p: PgPoolOptions, opts: PgConnectOptions) {
+    const FINISHED: i64 = 60_000;
+    let f = || Function::new("f").on_event("go").handler(|_ctx: Ctx, v: Value| async move { Ok(v) });
+    let engine = common::engine(&opts, vec![f()]).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TEMP TABLE seed AS SELECT durastep.uuid7() AS ev, n FROM generate_series(1, {FINISHED} + 3) AS n;
+         INSERT INTO durastep.events (id, name, payload) SELECT ev, 'go', '{{}}' FROM seed;
+         INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, started_at, finished_at)
+         SELECT durastep.uuid7(), 'f', ev, CASE WHEN n <= {FINISHED} THEN 'completed' ELSE 'diverged' END,
+                now(), 3, now(), CASE WHEN n <= {FINISHED} THEN now() END
+           FROM seed;
+         ANALYZE durastep.runs;"
+    )))
+    .execute(engine.pool())
+    .await
+    .expect("seed runs");
+    let one = PgPoolOptions::new().max_connections(1).connect_with(opts.clone()).await.expect("connect");
+    let reader = durastep::Engine::builder().pool(one.clone()).function(f()).build().await.expect("reader engine");
+    let seq_reads = || async {
+        sqlx::query("SELECT pg_stat_force_next_flush()").execute(&one).await.expect("flush statistics");
+        sqlx::query_scalar::<_, i64>(
+            "SELECT seq_tup_read FROM pg_stat_user_tables WHERE relid = 'durastep.runs'::regclass",
+        )
+        .fetch_one(&one)
+        .await
+        .expect("runs' statistics")
+    };
+    let before = seq_reads().await;
+
+    let counts = reader.inspect().counts_estimated().await.expect("counts");
+    let diverged: Vec<_> = counts.iter().filter(|c| c.state == durastep::RunState::Diverged).collect();
+    assert_eq!(diverged.len(), 1, "{counts:?}");
+    assert_eq!((diverged[0].count, diverged[0].estimated), (3, false), "the diverged runs counted exactly");
+    let report = reader.check_deploy().await.expect("deploy check");
+    assert_eq!(report.runs_checked, 3, "the deploy check's pages hold the three diverged runs");
+
+    let read = seq_reads().await - before;
+    assert!(read < FINISHED, "sequential scans read {read} rows of durastep.runs ({FINISHED} finished runs)");
+    drop(engine);
+}

@@ -302,13 +302,13 @@ async fn runs_has_no_full_index_beyond_its_keys(pool: PgPool) {
 
 /// The indexes of `durastep.runs` that name a column a plain run's claim or
 /// completion changes: the due queue's two, which a claim leaves by nature,
-/// and the seven of run features whose predicates name `state` (migration
+/// and the six of run features whose predicates name `state` (migration
 /// 0038 put them back there: the generated columns 0032 had moved them onto
 /// cost every writer more than the HOT updates they prepared, which never
 /// came; docs/performance.md "Counted instructions"). (`runs_running`, which
 /// every claim entered and every completion left, is gone since migration
-/// 0034.)
-const CHANGED_BY_CLAIMS: [&str; 9] = [
+/// 0034, and `runs_diverged` since 0043.)
+const CHANGED_BY_CLAIMS: [&str; 8] = [
     "runs_due",
     "runs_next_due",
     "runs_singleton",
@@ -316,18 +316,17 @@ const CHANGED_BY_CLAIMS: [&str; 9] = [
     "runs_deadline",
     "runs_start_by",
     "runs_listed_by_state",
-    "runs_diverged",
     "runs_attempt_stopping",
 ];
 
-/// Catches: an index of `durastep.runs` beyond the nine above that names a
+/// Catches: an index of `durastep.runs` beyond the eight above that names a
 /// column a claim or a completion of a plain run changes (`state`,
 /// `started_at`, `worker_id`, `finished_at`, ...), in its key or its
 /// predicate. Postgres keeps an update HOT (no index entry written) only
 /// when no indexed column changes, so such an index would be one more to
 /// move before claims and completions could be HOT (migration 0033 dropped
 /// `runs_finished`, which every completion entered, and 0034
-/// `runs_running`). The test drops the nine, drains runs with the real
+/// `runs_running`). The test drops the eight, drains runs with the real
 /// worker, and reads the table's HOT count: with any other blocking index it
 /// is zero.
 #[sqlx::test(migrations = false)]

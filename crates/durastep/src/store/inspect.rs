@@ -441,9 +441,10 @@ pub(crate) async fn runs_row_estimate(pool: &PgPool) -> Result<i64, sqlx::Error>
 }
 
 /// Exact counts of the unfinished states only (through the partial indexes
-/// `runs_due` and `runs_diverged`, and the claim records for the running
-/// runs: bounded by the work in flight, however many finished runs the
-/// table keeps).
+/// `runs_due` and, for the diverged runs, `runs_listed_by_state` (since
+/// migration 0043; `runs_diverged` before), and the claim records for the
+/// running runs: bounded by the work in flight, however many finished runs
+/// the table keeps).
 pub(crate) async fn unfinished_counts(pool: &PgPool) -> Result<Vec<(String, RunState, i64)>, sqlx::Error> {
     sqlx::query_as(
         // One branch per partial index, whose predicate each branch repeats
@@ -630,7 +631,8 @@ pub(crate) async fn unfinished_runs(
                     st.step_keys, st.step_outputs, st.step_positions, st.step_kinds, jr.journal_positions, jr.journal_kinds, jr.journal_keys
                FROM (
                    -- The page's ids first, one branch per partial index (a single
-                   -- `state IN (...)` over all five is a seq scan of the table).
+                   -- `state IN (...)` over all five is a seq scan of the table):
+                   -- `runs_due`, the claim records, `runs_listed_by_state`.
                    SELECT u.id FROM (
                        SELECT id FROM durastep.runs
                         WHERE state IN ('queued', 'sleeping', 'waiting') AND function_id = ANY ($1) AND id > $2

@@ -1,0 +1,19 @@
+-- The diverged runs found through `runs_listed_by_state` (state, id DESC),
+-- whose predicate has named `diverged` since 0018, instead of an index of
+-- their own (issue 12, docs/performance.md "The diverged runs' index
+-- folded into the listing's").
+--
+-- Why: every statement that writes `runs` (a send's insert, a claim's and a
+-- completion's update) prepares the predicate of each partial index of the
+-- table again, about 11,000 server instructions each, whether or not a row
+-- enters the index. `runs_diverged (function_id) WHERE state = 'diverged'`
+-- served two reads, both of which `runs_listed_by_state` serves as well:
+-- * the unfinished runs' exact counts (`store::inspect::unfinished_counts`):
+--   every diverged run, an index scan of its state's entries;
+-- * the deploy check's pages (`store::inspect::unfinished_runs`): the
+--   diverged runs of the build's functions after an id, in id order, which
+--   the listing's key gives directly, the functions filtered as it walks.
+-- Diverged runs are few by nature (the runs of a deploy that changed their
+-- code, each until an operator resumes or cancels it), so the filter on the
+-- function reads little more than the old index did.
+DROP INDEX durastep.runs_diverged;
