@@ -46,6 +46,8 @@
 #   flush_mixed_4 the same with 2 checkpoints and 2 completions: a flush as
 #                 small as those of a worker with few runs in flight, where
 #                 what each statement pays once dominates (not a default).
+#   flush_4       4 checkpoints alone: the text without the completions' parts
+#                 (`without_completions!`), as small a flush (not a default).
 #
 # VARIANT names a SQL file applied to the template after the history (a
 # probe of a schema change: its figures beside the shipped schema's, from
@@ -108,29 +110,39 @@ if [ -n "${VARIANT:-}" ]; then psql -d "$db" -q -v ON_ERROR_STOP=1 -f "$VARIANT"
 # The checkpoint flush as the worker sends it (`flush_sql!` in
 # crates/durastep/src/store/attempt.rs, `FOR NO KEY UPDATE SKIP LOCKED` and
 # `plain_inserts!`), as a pgbench script: checkpoints for the first $1 runs
-# of the first claim record and completions for its next $2 (with `fin_complete!`
-# when $2 > 0, else `fin_none!`), its parameters as pgbench variables (sent as
-# text where the worker binds binary arrays, so `array_in` and `uuid_in` are
+# of the first claim record and completions for its next $2 (with
+# `with_completions!` when $2 > 0, else `without_completions!`: no
+# completions' CTEs and no second half of the answer), its parameters as
+# pgbench variables (sent as text where the worker binds binary arrays, so `array_in` and `uuid_in` are
 # counted here and not in the engine); after completions, the claim record is
 # deleted, so that each call takes the next claim. FLUSH_ARRAYS=from gives the
 # text before 2026-12-07 (the arrays unnested in a FROM with ordinality, read
 # by two parts of the statement from a CTE): docs/performance.md "The flush's
-# arrays streamed".
+# arrays streamed". FLUSH_HALVES=both gives a flush without completions the
+# text it had before 2026-12-07, late morning (the completions' CTEs and half
+# of the answer, empty; implied by FLUSH_ARRAYS=from): docs/performance.md
+# "Checkpoint flushes without the completions' half".
 flush_sql() {
-  local cp=$1 dn=$2 fin fin_history cp_src dn_src lo=1 hi=0
+  local cp=$1 dn=$2 fin="" cp_src dn_src lo=1 hi=0 both=0
+  if [ "$dn" -gt 0 ] || [ "${FLUSH_HALVES:-}" = both ] || [ "${FLUSH_ARRAYS:-}" = from ]; then both=1; fi
+  if [ "$both" = 1 ]; then
+    fin=",
+ fin AS (SELECT NULL::uuid AS id WHERE false),
+ fin_history AS (SELECT NULL::uuid AS id WHERE false)"
+  fi
   if [ "$dn" -gt 0 ]; then
     lo=$((cp + 1)) hi=$((cp + dn))
-    fin="UPDATE durastep.runs r
+    fin=",
+ fin AS (
+     UPDATE durastep.runs r
         SET state = 'completed', output = dn.output::jsonb, finished_at = (SELECT durastep.now()),
             lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
        FROM dn JOIN l ON l.id = dn.run_id AND l.lease_epoch = dn.epoch AND l.live
       WHERE r.id = dn.run_id
-     RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at"
-    fin_history="INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch)
-     SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch FROM fin"
-  else
-    fin="SELECT NULL::uuid AS id WHERE false"
-    fin_history=$fin
+     RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at),
+ fin_history AS (
+     INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch)
+     SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch FROM fin)"
   fi
   cat <<SQL
 SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
@@ -168,28 +180,33 @@ SQL
             unnest(p.cp_finished) AS finished_at, unnest(p.cp_attempt) AS attempt,
             unnest(p.cp_position) AS position, unnest(p.cp_kind) AS kind
        FROM p),
+SQL
+    if [ "$both" = 1 ]; then cat <<'SQL'
  dn AS (
      SELECT unnest(p.dn_run) AS run_id, unnest(p.dn_epoch) AS epoch, unnest(p.dn_output) AS output FROM p),
 SQL
+    fi
   fi
+  local ids="p.cp_run || p.dn_run"
+  [ "$both" = 1 ] || ids="p.cp_run"
   cat <<SQL
  l AS (
      SELECT r.id, r.lease_epoch, r.state = 'running' AS live FROM durastep.runs r
-      WHERE r.id = ANY ((SELECT p.cp_run || p.dn_run FROM p)::uuid[])
+      WHERE r.id = ANY ((SELECT $ids FROM p)::uuid[])
       ORDER BY r.id FOR NO KEY UPDATE SKIP LOCKED),
  ins AS (
      INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt,
                                         position, kind)
      SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt,
             cp.position, cp.kind
-       FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live),
- fin AS ($fin),
- fin_history AS ($fin_history)
+       FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live)$fin
 SELECT 0, cp.ord, (l.id IS NOT NULL), (l.id IS NOT NULL),
        (l.id IS NULL AND coalesce((SELECT b.lease_epoch = cp.epoch AND b.state = 'running'
                                      FROM durastep.runs b WHERE b.id = cp.run_id), false))
   FROM $cp_src cp
   LEFT JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
+SQL
+  if [ "$both" = 1 ]; then cat <<SQL
 UNION ALL
 SELECT 1, dn.ord, (fin.id IS NOT NULL), (fin.id IS NOT NULL),
        (fin.id IS NULL AND coalesce((SELECT b.lease_epoch = dn.epoch AND b.state = 'running'
@@ -197,6 +214,7 @@ SELECT 1, dn.ord, (fin.id IS NOT NULL), (fin.id IS NOT NULL),
   FROM $dn_src dn
   LEFT JOIN fin ON fin.id = dn.run_id;
 SQL
+  else echo ";"; fi
   if [ "$dn" -gt 0 ]; then echo "DELETE FROM durastep.run_claims WHERE id = :claim;"; fi
 }
 
@@ -214,6 +232,7 @@ claim_sql crates/durastep/src/store/sql/claim.sql 32 backlog full >"$root/claim_
 flush_sql 32 0 >"$root/flush_32.sql"
 flush_sql 16 16 >"$root/flush_mixed_32.sql"
 flush_sql 2 2 >"$root/flush_mixed_4.sql"
+flush_sql 4 0 >"$root/flush_4.sql"
 cat >"$root/complete_32.sql" <<SQL
 SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
 WITH dn AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) AS t(run_id, epoch)),
@@ -301,7 +320,7 @@ for s in $statements; do
   psql -d postgres -q -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db TEMPLATE instructions_template"
   case $s in
     claim_32 | claim_full_32) queue $(((2 * warm + calls) * 32)) ;;
-    complete_32 | checkpoint_32 | flush_32 | flush_mixed_32 | flush_mixed_4)
+    complete_32 | checkpoint_32 | flush_32 | flush_mixed_32 | flush_mixed_4 | flush_4)
       # Claims of 32 runs each, for the completions or checkpoints to come.
       queue $(((2 * warm + calls) * 32))
       pgbench -n -M prepared -c 1 -t $((2 * warm + calls)) -f "$root/claim_32.sql" "$db" >/dev/null ;;
