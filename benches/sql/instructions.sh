@@ -47,7 +47,10 @@
 #                 small as those of a worker with few runs in flight, where
 #                 what each statement pays once dominates (not a default).
 #   flush_4       4 checkpoints alone: the text without the completions' parts
-#                 (`without_completions!`), as small a flush (not a default).
+#                 (`no_completions!`), as small a flush (not a default);
+#   flush_done_4  4 completions alone: the text without the checkpoints'
+#                 parts (`no_checkpoints!`), the flush a worker with one run
+#                 in flight sends when the run ends (not a default).
 #
 # VARIANT names a SQL file applied to the template after the history (a
 # probe of a schema change: its figures beside the shipped schema's, from
@@ -110,22 +113,24 @@ if [ -n "${VARIANT:-}" ]; then psql -d "$db" -q -v ON_ERROR_STOP=1 -f "$VARIANT"
 # The checkpoint flush as the worker sends it (`flush_sql!` in
 # crates/durastep/src/store/attempt.rs, `FOR NO KEY UPDATE SKIP LOCKED` and
 # `plain_inserts!`), as a pgbench script: checkpoints for the first $1 runs
-# of the first claim record and completions for its next $2 (with
-# `with_completions!` when $2 > 0, else `without_completions!`: no
-# completions' CTEs and no second half of the answer), its parameters as
+# of the first claim record and completions for its next $2 (each kind's
+# parts only when it has writes, as `Halves` picks them: `checkpoints!` or
+# `no_checkpoints!`, `completions!` or `no_completions!`), its parameters as
 # pgbench variables (sent as text where the worker binds binary arrays, so `array_in` and `uuid_in` are
 # counted here and not in the engine); after completions, the claim record is
 # deleted, so that each call takes the next claim. FLUSH_ARRAYS=from gives the
 # text before 2026-12-07 (the arrays unnested in a FROM with ordinality, read
 # by two parts of the statement from a CTE): docs/performance.md "The flush's
-# arrays streamed". FLUSH_HALVES=both gives a flush without completions the
-# text it had before 2026-12-07, late morning (the completions' CTEs and half
+# arrays streamed". FLUSH_HALVES=both gives a flush of one kind of write the
+# text it had before 2026-12-07, late morning (the other kind's CTEs and half
 # of the answer, empty; implied by FLUSH_ARRAYS=from): docs/performance.md
-# "Checkpoint flushes without the completions' half".
+# "Flushes without an empty half".
 flush_sql() {
-  local cp=$1 dn=$2 fin="" cp_src dn_src lo=1 hi=0 both=0
-  if [ "$dn" -gt 0 ] || [ "${FLUSH_HALVES:-}" = both ] || [ "${FLUSH_ARRAYS:-}" = from ]; then both=1; fi
-  if [ "$both" = 1 ]; then
+  local cp=$1 dn=$2 fin="" cp_src dn_src lo=1 hi=0 both=0 cps=0 dns=0 ids
+  if [ "${FLUSH_HALVES:-}" = both ] || [ "${FLUSH_ARRAYS:-}" = from ]; then both=1; fi
+  if [ "$cp" -gt 0 ] || [ "$both" = 1 ]; then cps=1; fi
+  if [ "$dn" -gt 0 ] || [ "$both" = 1 ]; then dns=1; fi
+  if [ "$dns" = 1 ]; then
     fin=",
  fin AS (SELECT NULL::uuid AS id WHERE false),
  fin_history AS (SELECT NULL::uuid AS id WHERE false)"
@@ -173,7 +178,7 @@ SQL
                generate_series(1::bigint, cardinality(p.cp_run)) AS ord FROM p)"
     dn_src="(SELECT unnest(p.dn_run) AS run_id, unnest(p.dn_epoch) AS epoch,
                generate_series(1::bigint, cardinality(p.dn_run)) AS ord FROM p)"
-    cat <<'SQL'
+    if [ "$cps" = 1 ]; then cat <<'SQL'
  cp AS (
      SELECT unnest(p.cp_run) AS run_id, unnest(p.cp_epoch) AS epoch, unnest(p.cp_key) AS step_key,
             unnest(p.cp_output) AS output, unnest(p.cp_started) AS started_at,
@@ -181,40 +186,50 @@ SQL
             unnest(p.cp_position) AS position, unnest(p.cp_kind) AS kind
        FROM p),
 SQL
-    if [ "$both" = 1 ]; then cat <<'SQL'
+    fi
+    if [ "$dns" = 1 ]; then cat <<'SQL'
  dn AS (
      SELECT unnest(p.dn_run) AS run_id, unnest(p.dn_epoch) AS epoch, unnest(p.dn_output) AS output FROM p),
 SQL
     fi
   fi
-  local ids="p.cp_run || p.dn_run"
-  [ "$both" = 1 ] || ids="p.cp_run"
+  ids="p.cp_run || p.dn_run"
+  [ "$dns" = 1 ] || ids="p.cp_run"
+  [ "$cps" = 1 ] || ids="p.dn_run"
   cat <<SQL
  l AS (
      SELECT r.id, r.lease_epoch, r.state = 'running' AS live FROM durastep.runs r
       WHERE r.id = ANY ((SELECT $ids FROM p)::uuid[])
-      ORDER BY r.id FOR NO KEY UPDATE SKIP LOCKED),
- ins AS (
+      ORDER BY r.id FOR NO KEY UPDATE SKIP LOCKED)
+SQL
+  if [ "$cps" = 1 ]; then cat <<SQL
+, ins AS (
      INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt,
                                         position, kind)
      SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt,
             cp.position, cp.kind
-       FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live)$fin
+       FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live)
+SQL
+  fi
+  echo "$fin"
+  if [ "$cps" = 1 ]; then cat <<SQL
 SELECT 0, cp.ord, (l.id IS NOT NULL), (l.id IS NOT NULL),
        (l.id IS NULL AND coalesce((SELECT b.lease_epoch = cp.epoch AND b.state = 'running'
                                      FROM durastep.runs b WHERE b.id = cp.run_id), false))
   FROM $cp_src cp
   LEFT JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
 SQL
-  if [ "$both" = 1 ]; then cat <<SQL
-UNION ALL
+  fi
+  if [ "$cps" = 1 ] && [ "$dns" = 1 ]; then echo "UNION ALL"; fi
+  if [ "$dns" = 1 ]; then cat <<SQL
 SELECT 1, dn.ord, (fin.id IS NOT NULL), (fin.id IS NOT NULL),
        (fin.id IS NULL AND coalesce((SELECT b.lease_epoch = dn.epoch AND b.state = 'running'
                                        FROM durastep.runs b WHERE b.id = dn.run_id), false))
   FROM $dn_src dn
-  LEFT JOIN fin ON fin.id = dn.run_id;
+  LEFT JOIN fin ON fin.id = dn.run_id
 SQL
-  else echo ";"; fi
+  fi
+  echo ";"
   if [ "$dn" -gt 0 ]; then echo "DELETE FROM durastep.run_claims WHERE id = :claim;"; fi
 }
 
@@ -233,6 +248,7 @@ flush_sql 32 0 >"$root/flush_32.sql"
 flush_sql 16 16 >"$root/flush_mixed_32.sql"
 flush_sql 2 2 >"$root/flush_mixed_4.sql"
 flush_sql 4 0 >"$root/flush_4.sql"
+flush_sql 0 4 >"$root/flush_done_4.sql"
 cat >"$root/complete_32.sql" <<SQL
 SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
 WITH dn AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) AS t(run_id, epoch)),
@@ -320,7 +336,7 @@ for s in $statements; do
   psql -d postgres -q -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db TEMPLATE instructions_template"
   case $s in
     claim_32 | claim_full_32) queue $(((2 * warm + calls) * 32)) ;;
-    complete_32 | checkpoint_32 | flush_32 | flush_mixed_32 | flush_mixed_4 | flush_4)
+    complete_32 | checkpoint_32 | flush_32 | flush_mixed_32 | flush_mixed_4 | flush_4 | flush_done_4)
       # Claims of 32 runs each, for the completions or checkpoints to come.
       queue $(((2 * warm + calls) * 32))
       pgbench -n -M prepared -c 1 -t $((2 * warm + calls)) -f "$root/claim_32.sql" "$db" >/dev/null ;;

@@ -21,7 +21,7 @@
 --      `send_batch`), the fast claim (store/sql/claim_fast.sql, 500 per call),
 --      then one group-commit flush per claimed batch holding each run's step
 --      result, journal entry and completion (the `flush_sql!` text with
---      `with_completions!`);
+--      `checkpoints!` and `completions!`);
 --   2. n ten-step runs: the same, with ten flushes per claimed batch (steps 1-9
 --      checkpoint only, step 10 with the completion);
 --   3. n sleeping runs: claimed, a `ctx.sleep` checkpoint ({"wake_at": ...}
@@ -82,7 +82,7 @@ CREATE TABLE sizes.stmt (name text PRIMARY KEY, sql text NOT NULL);
 -- store sends it, read from the files (run from the repository root).
 \set claim_fast_sql `cat crates/durastep/src/store/sql/claim_fast.sql crates/durastep/src/store/sql/run_records.sql`
 INSERT INTO sizes.stmt VALUES ('claim_fast', :'claim_fast_sql');
--- crates/durastep/src/store/attempt.rs: flush_sql!("FOR NO KEY UPDATE", with_completions, ...), in its text
+-- crates/durastep/src/store/attempt.rs: flush_sql!("FOR NO KEY UPDATE", ..., checkpoints, completions, ...), in its text
 -- before 2026-12-02 (it read its arrays directly; the rows it writes are the same)
 INSERT INTO sizes.stmt VALUES ('flush', $q$
 WITH cp AS (

@@ -51,12 +51,15 @@ pub(crate) enum WriteOutcome {
     Fenced,
 }
 
-/// The group-commit statement; `$lock` is how it locks the run rows, `$done`
-/// its completions' parts (`with_completions!`, or `without_completions!` for
-/// a batch of checkpoints only, which then updates no run row and so fires
-/// none of the statement triggers on `runs`), `$inserts` what its insert does
-/// with a step row already stored ([`Conflicts`]: `plain_inserts!`
-/// or `adopting_inserts!`).
+/// The group-commit statement; `$lock` is how it locks the run rows, `$ids`
+/// the ids it locks, `$cps` and `$dns` the checkpoints' and completions'
+/// parts (`checkpoints!` or `no_checkpoints!`, `completions!` or
+/// `no_completions!`: a batch of checkpoints only updates no run row and so
+/// fires none of the statement triggers on `runs`), `$union` what joins
+/// their halves of the answer when both are there, `$inserts` what its
+/// insert does with a step row already stored ([`Conflicts`]:
+/// `plain_inserts!` or `adopting_inserts!`; `no_inserts!` without
+/// checkpoints) ([`Halves`]).
 ///
 /// The parameters are read through the CTE `p`, never directly: a custom plan
 /// would see the arrays' lengths, estimate fewer rows than the generic plan and
@@ -89,48 +92,38 @@ pub(crate) enum WriteOutcome {
 /// one of 16 checkpoints and 16 completions 4.8% less (docs/performance.md
 /// "The flush's arrays streamed").
 macro_rules! flush_sql {
-    ($lock:literal, $done:ident, $inserts:ident) => {
+    ($lock:literal, $ids:literal, $union:literal, $cps:ident, $dns:ident, $inserts:ident) => {
         concat!(
             "WITH p AS MATERIALIZED (
              SELECT $1::uuid[] AS cp_run, $2::bigint[] AS cp_epoch, $3::text[] AS cp_key, $4::text[] AS cp_output,
                     $5::uuid[] AS dn_run, $6::bigint[] AS dn_epoch, $7::text[] AS dn_output,
                     $8::timestamptz[] AS cp_started, $9::timestamptz[] AS cp_finished, $10::int[] AS cp_attempt,
-                    $11::int[] AS cp_position, $12::text[] AS cp_kind),
-         cp AS (
-             SELECT unnest(p.cp_run) AS run_id, unnest(p.cp_epoch) AS epoch, unnest(p.cp_key) AS step_key,
-                    unnest(p.cp_output) AS output, unnest(p.cp_started) AS started_at,
-                    unnest(p.cp_finished) AS finished_at, unnest(p.cp_attempt) AS attempt,
-                    unnest(p.cp_position) AS position, unnest(p.cp_kind) AS kind
-               FROM p),
+                    $11::int[] AS cp_position, $12::text[] AS cp_kind)",
+            $cps!(input),
+            $dns!(input),
+            ",
          l AS (
              SELECT r.id, r.lease_epoch, r.state = 'running' AS live FROM durastep.runs r
               WHERE r.id = ANY ((SELECT ",
-            $done!(ids),
+            $ids,
             " FROM p)::uuid[])
               ORDER BY r.id ",
             $lock,
-            "),
-         ins AS (
-             INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt,
-                                                position, kind)
-             SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt,
-                    cp.position, cp.kind
-               FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
-             ",
-            $inserts!(results),
             ")",
-            $done!(ctes),
+            $cps!(insert),
+            $inserts!(results),
+            $cps!(inserted),
+            $dns!(writes),
             "
-         SELECT 0, cp.ord, (l.id IS NOT NULL), ",
+         ",
+            $cps!(answer),
             $inserts!(written),
-            ",
-                (l.id IS NULL AND coalesce((SELECT b.lease_epoch = cp.epoch AND b.state = 'running'
-                                              FROM durastep.runs b WHERE b.id = cp.run_id), false))
-           FROM (SELECT unnest(p.cp_run) AS run_id, unnest(p.cp_epoch) AS epoch, unnest(p.cp_key) AS step_key,
-                        generate_series(1::bigint, cardinality(p.cp_run)) AS ord FROM p) cp
-           LEFT JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live ",
+            $cps!(answered),
             $inserts!(join),
-            $done!(answer)
+            "
+         ",
+            $union,
+            $dns!(answer)
         )
     };
 }
@@ -164,9 +157,70 @@ macro_rules! adopting_inserts {
     };
 }
 
-/// The completions' parts of `flush_sql!` for a batch that has some: the
-/// ids its fence locks (`ids`), the CTEs that complete the runs and write
-/// their history rows (`ctes`), and the answer's rows for them (`answer`).
+/// The inserts of `flush_sql!` for a batch without checkpoints: none.
+macro_rules! no_inserts {
+    (results) => {
+        ""
+    };
+    (written) => {
+        ""
+    };
+    (join) => {
+        ""
+    };
+}
+
+/// The checkpoints' parts of `flush_sql!`: their arrays unnested (`input`),
+/// the step rows' insert behind the fence (`insert`, then the inserts'
+/// `results`, then `inserted`), and the answer's rows for them (`answer`,
+/// the inserts' `written`, `answered`, the inserts' `join`).
+macro_rules! checkpoints {
+    (input) => {
+        ",
+         cp AS (
+             SELECT unnest(p.cp_run) AS run_id, unnest(p.cp_epoch) AS epoch, unnest(p.cp_key) AS step_key,
+                    unnest(p.cp_output) AS output, unnest(p.cp_started) AS started_at,
+                    unnest(p.cp_finished) AS finished_at, unnest(p.cp_attempt) AS attempt,
+                    unnest(p.cp_position) AS position, unnest(p.cp_kind) AS kind
+               FROM p)"
+    };
+    (insert) => {
+        ",
+         ins AS (
+             INSERT INTO durastep.step_results (run_id, step_key, output, lease_epoch, started_at, finished_at, attempt,
+                                                position, kind)
+             SELECT cp.run_id, cp.step_key, cp.output::jsonb, cp.epoch, cp.started_at, cp.finished_at, cp.attempt,
+                    cp.position, cp.kind
+               FROM cp JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live
+             "
+    };
+    (inserted) => {
+        ")"
+    };
+    (answer) => {
+        "SELECT 0, cp.ord, (l.id IS NOT NULL), "
+    };
+    (answered) => {
+        ",
+                (l.id IS NULL AND coalesce((SELECT b.lease_epoch = cp.epoch AND b.state = 'running'
+                                              FROM durastep.runs b WHERE b.id = cp.run_id), false))
+           FROM (SELECT unnest(p.cp_run) AS run_id, unnest(p.cp_epoch) AS epoch, unnest(p.cp_key) AS step_key,
+                        generate_series(1::bigint, cardinality(p.cp_run)) AS ord FROM p) cp
+           LEFT JOIN l ON l.id = cp.run_id AND l.lease_epoch = cp.epoch AND l.live "
+    };
+}
+
+/// The checkpoints' parts of `flush_sql!` for a batch of completions alone:
+/// none (no insert into `step_results` to start, no half of the answer).
+macro_rules! no_checkpoints {
+    ($part:ident) => {
+        ""
+    };
+}
+
+/// The completions' parts of `flush_sql!`: their arrays unnested (`input`),
+/// the CTEs that complete the runs and write their history rows (`writes`),
+/// and the answer's rows for them (`answer`).
 ///
 /// `fin` completes the runs (fenced by `l`). It flips `history_noted`:
 /// `fin_history` writes their history rows, so the `runs_history` trigger
@@ -174,14 +228,14 @@ macro_rules! adopting_inserts {
 /// InitPlan): when `durastep.now()` was a PL/pgSQL function (migrations 0019
 /// to 0038) each call cost 3-4 us, once per completed run; since 0039
 /// Postgres inlines it.
-macro_rules! with_completions {
-    (ids) => {
-        "p.cp_run || p.dn_run"
-    };
-    (ctes) => {
+macro_rules! completions {
+    (input) => {
         ",
          dn AS (
-             SELECT unnest(p.dn_run) AS run_id, unnest(p.dn_epoch) AS epoch, unnest(p.dn_output) AS output FROM p),
+             SELECT unnest(p.dn_run) AS run_id, unnest(p.dn_epoch) AS epoch, unnest(p.dn_output) AS output FROM p)"
+    };
+    (writes) => {
+        ",
          fin AS (
              UPDATE durastep.runs r
                 SET state = 'completed', output = dn.output::jsonb, finished_at = (SELECT durastep.now()),
@@ -194,9 +248,7 @@ macro_rules! with_completions {
              SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch FROM fin)"
     };
     (answer) => {
-        "
-         UNION ALL
-         SELECT 1, dn.ord, (fin.id IS NOT NULL), (fin.id IS NOT NULL),
+        "SELECT 1, dn.ord, (fin.id IS NOT NULL), (fin.id IS NOT NULL),
                 (fin.id IS NULL AND coalesce((SELECT b.lease_epoch = dn.epoch AND b.state = 'running'
                                                 FROM durastep.runs b WHERE b.id = dn.run_id), false))
            FROM (SELECT unnest(p.dn_run) AS run_id, unnest(p.dn_epoch) AS epoch,
@@ -206,23 +258,41 @@ macro_rules! with_completions {
 }
 
 /// The completions' parts of `flush_sql!` for a batch of checkpoints alone:
-/// none. The fence locks the checkpoints' runs, no statement updates `runs`
-/// (so its statement trigger does not fire), and the answer has the
-/// checkpoints' rows only. Without the completions' CTEs and their half of
-/// the answer (empty, but started on every execution), a flush of 32
-/// checkpoints costs the server 2.5% fewer instructions, one of 4 5.3% fewer
-/// (docs/performance.md "Checkpoint flushes without the completions'
+/// none. No statement then updates `runs` (so its statement trigger does
+/// not fire), and the answer has the checkpoints' rows only.
+macro_rules! no_completions {
+    ($part:ident) => {
+        ""
+    };
+}
+
+/// Which writes a flush's batch holds: each kind's parts of `flush_sql!`
+/// are in its statement only when the batch has writes of that kind. An
+/// empty part is not free: Postgres starts every CTE and every branch of the
+/// answer on each execution, so a flush of checkpoints alone with the
+/// completions' parts (empty arrays) cost the server about 62,000 more
+/// instructions (a flush of 32 checkpoints 2.5% more, of 4 5.3%), and one of
+/// completions alone with the checkpoints' parts about 154,000 more (4
+/// completions: 8.4%) (docs/performance.md "Flushes without an empty
 /// half").
-macro_rules! without_completions {
-    (ids) => {
-        "p.cp_run"
-    };
-    (ctes) => {
-        ""
-    };
-    (answer) => {
-        ""
-    };
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Halves {
+    /// Checkpoints and completions.
+    Both,
+    /// Checkpoints alone.
+    Checkpoints,
+    /// Completions alone.
+    Completions,
+}
+
+impl Halves {
+    fn of(checkpoints: usize, completions: usize) -> Halves {
+        match (checkpoints, completions) {
+            (_, 0) => Halves::Checkpoints,
+            (0, _) => Halves::Completions,
+            _ => Halves::Both,
+        }
+    }
 }
 
 /// What a flush's insert does with a step row already stored. A step row
@@ -241,26 +311,27 @@ enum Conflicts {
     Adopt,
 }
 
-/// The group-commit statement for a batch: how it locks, whether it has
-/// completions, and what its inserts do with stored rows.
-fn flush_statement(locks: LockWait, completes: bool, conflicts: Conflicts) -> &'static str {
+/// The group-commit statement for a batch: how it locks, which writes it
+/// holds, and what its inserts do with stored rows (a batch of completions
+/// alone inserts nothing, so it has one text for both).
+fn flush_statement(locks: LockWait, halves: Halves, conflicts: Conflicts) -> &'static str {
     use Conflicts::{Adopt, Fail};
-    use LockWait::{Skip, Wait};
-    match (locks, completes, conflicts) {
-        (Skip, true, Fail) => {
-            flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", with_completions, plain_inserts)
+    macro_rules! locking {
+        ($($parts:tt)*) => {
+            match locks {
+                LockWait::Skip => flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", $($parts)*),
+                LockWait::Wait => flush_sql!("FOR NO KEY UPDATE", $($parts)*),
+            }
+        };
+    }
+    match (halves, conflicts) {
+        (Halves::Both, Fail) => locking!("p.cp_run || p.dn_run", "UNION ALL ", checkpoints, completions, plain_inserts),
+        (Halves::Both, Adopt) => {
+            locking!("p.cp_run || p.dn_run", "UNION ALL ", checkpoints, completions, adopting_inserts)
         }
-        (Wait, true, Fail) => flush_sql!("FOR NO KEY UPDATE", with_completions, plain_inserts),
-        (Skip, false, Fail) => flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", without_completions, plain_inserts),
-        (Wait, false, Fail) => flush_sql!("FOR NO KEY UPDATE", without_completions, plain_inserts),
-        (Skip, true, Adopt) => {
-            flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", with_completions, adopting_inserts)
-        }
-        (Wait, true, Adopt) => flush_sql!("FOR NO KEY UPDATE", with_completions, adopting_inserts),
-        (Skip, false, Adopt) => {
-            flush_sql!("FOR NO KEY UPDATE SKIP LOCKED", without_completions, adopting_inserts)
-        }
-        (Wait, false, Adopt) => flush_sql!("FOR NO KEY UPDATE", without_completions, adopting_inserts),
+        (Halves::Checkpoints, Fail) => locking!("p.cp_run", "", checkpoints, no_completions, plain_inserts),
+        (Halves::Checkpoints, Adopt) => locking!("p.cp_run", "", checkpoints, no_completions, adopting_inserts),
+        (Halves::Completions, _) => locking!("p.dn_run", "", no_checkpoints, completions, no_inserts),
     }
 }
 
@@ -327,19 +398,23 @@ pub(crate) async fn flush_writes(
         }
     }
     let flush = |conflicts: Conflicts| {
-        sqlx::query_as::<_, (i32, i64, bool, bool, bool)>(flush_statement(locks, !dn_run.is_empty(), conflicts))
-            .bind(&cp_run)
-            .bind(&cp_epoch)
-            .bind(&cp_key)
-            .bind(&cp_out)
-            .bind(&dn_run)
-            .bind(&dn_epoch)
-            .bind(&dn_out)
-            .bind(&cp_start)
-            .bind(&cp_end)
-            .bind(&cp_attempt)
-            .bind(&cp_pos)
-            .bind(&cp_kind)
+        sqlx::query_as::<_, (i32, i64, bool, bool, bool)>(flush_statement(
+            locks,
+            Halves::of(cp_run.len(), dn_run.len()),
+            conflicts,
+        ))
+        .bind(&cp_run)
+        .bind(&cp_epoch)
+        .bind(&cp_key)
+        .bind(&cp_out)
+        .bind(&dn_run)
+        .bind(&dn_epoch)
+        .bind(&dn_out)
+        .bind(&cp_start)
+        .bind(&cp_end)
+        .bind(&cp_attempt)
+        .bind(&cp_pos)
+        .bind(&cp_kind)
     };
     // Plain inserts first; a step row already stored (a
     // flush repeated after an ambiguous commit) fails that statement whole,
