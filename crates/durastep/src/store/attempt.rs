@@ -699,3 +699,35 @@ pub(crate) async fn park_diverged(
     .await?;
     Ok(r.rows_affected() == 1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Catches: a flush whose text carries the parts of a kind of write its
+    /// batch does not hold (what each such empty part costs the server:
+    /// [`Halves`]), or lacks those of one it holds.
+    #[test]
+    fn a_flush_holds_the_parts_of_the_writes_in_its_batch() {
+        assert_eq!(Halves::of(3, 0), Halves::Checkpoints);
+        assert_eq!(Halves::of(0, 2), Halves::Completions);
+        assert_eq!(Halves::of(3, 2), Halves::Both);
+        let inserts = "INSERT INTO durastep.step_results";
+        let completes = "UPDATE durastep.runs";
+        for locks in [LockWait::Skip, LockWait::Wait] {
+            for conflicts in [Conflicts::Fail, Conflicts::Adopt] {
+                let both = flush_statement(locks, Halves::Both, conflicts);
+                assert!(both.contains(inserts) && both.contains(completes) && both.contains("UNION ALL"));
+                assert!(both.contains("p.cp_run || p.dn_run"));
+                let checkpoints = flush_statement(locks, Halves::Checkpoints, conflicts);
+                assert!(checkpoints.contains(inserts) && !checkpoints.contains(completes));
+                assert!(!checkpoints.contains("dn AS (") && !checkpoints.contains("UNION"));
+                let completions = flush_statement(locks, Halves::Completions, conflicts);
+                assert!(completions.contains(completes) && !completions.contains(inserts));
+                assert!(!completions.contains("cp AS (") && !completions.contains("UNION"));
+                assert!(completions.contains("ANY ((SELECT p.dn_run FROM p)"));
+                assert_eq!(conflicts == Conflicts::Adopt, checkpoints.contains("ON CONFLICT DO NOTHING"));
+            }
+        }
+    }
+}
