@@ -487,16 +487,7 @@ async fn the_diverged_runs_are_read_through_the_listing_index(_p: PgPoolOptions,
     .expect("seed runs");
     let one = PgPoolOptions::new().max_connections(1).connect_with(opts.clone()).await.expect("connect");
     let reader = durastep::Engine::builder().pool(one.clone()).function(f()).build().await.expect("reader engine");
-    let seq_reads = || async {
-        sqlx::query("SELECT pg_stat_force_next_flush()").execute(&one).await.expect("flush statistics");
-        sqlx::query_scalar::<_, i64>(
-            "SELECT seq_tup_read FROM pg_stat_user_tables WHERE relid = 'durastep.runs'::regclass",
-        )
-        .fetch_one(&one)
-        .await
-        .expect("runs' statistics")
-    };
-    let before = seq_reads().await;
+    let before = common::runs_seq_reads(&one).await;
 
     let counts = reader.inspect().counts_estimated().await.expect("counts");
     let diverged: Vec<_> = counts.iter().filter(|c| c.state == durastep::RunState::Diverged).collect();
@@ -505,7 +496,7 @@ async fn the_diverged_runs_are_read_through_the_listing_index(_p: PgPoolOptions,
     let report = reader.check_deploy().await.expect("deploy check");
     assert_eq!(report.runs_checked, 3, "the deploy check's pages hold the three diverged runs");
 
-    let read = seq_reads().await - before;
+    let read = common::runs_seq_reads(&one).await - before;
     assert!(read < FINISHED, "sequential scans read {read} rows of durastep.runs ({FINISHED} finished runs)");
     drop(engine);
 }

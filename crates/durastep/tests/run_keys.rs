@@ -200,18 +200,6 @@ async fn deleted_events_take_their_runs_along(_p: PgPoolOptions, opts: PgConnect
     }
 }
 
-/// Rows of `durastep.runs` read by sequential scans so far, as the
-/// statistics have them after this connection's own are flushed (the pool
-/// has one connection; `pg_stat_force_next_flush` makes it flush when it
-/// next goes idle, before the statistics are read in a new transaction).
-async fn runs_seq_reads(pool: &sqlx::PgPool) -> i64 {
-    sqlx::query("SELECT pg_stat_force_next_flush()").execute(pool).await.expect("flush statistics");
-    sqlx::query_scalar("SELECT seq_tup_read FROM pg_stat_user_tables WHERE relid = 'durastep.runs'::regclass")
-        .fetch_one(pool)
-        .await
-        .expect("runs' statistics")
-}
-
 /// Catches: a read of an event's runs that scans `runs` now that no index of
 /// it names `event_id` (the statement not going through `run_keys`): the
 /// duplicate answer of an idempotent send, an event's run count, and a
@@ -235,7 +223,7 @@ async fn an_event_s_runs_are_found_by_their_keys(_p: PgPoolOptions, opts: PgConn
         .expect("analyze");
     let one = PgPoolOptions::new().max_connections(1).connect_with(opts.clone()).await.expect("connect");
     let reader = Engine::builder().pool(one.clone()).function(plain()).build().await.expect("reader engine");
-    let before = runs_seq_reads(&one).await;
+    let before = common::runs_seq_reads(&one).await;
 
     let again = reader.send(Event::new("go", &json!({"n": 42})).idempotency_key("seed-42")).await.expect("send");
     assert!(again.duplicate);
@@ -246,6 +234,6 @@ async fn an_event_s_runs_are_found_by_their_keys(_p: PgPoolOptions, opts: PgConn
     let events = reader.inspect().events(&EventFilter::new().name("go").limit(10)).await.expect("events");
     assert!(events.events.iter().all(|e| e.runs == 1), "one run per event");
 
-    let read = runs_seq_reads(&one).await - before;
+    let read = common::runs_seq_reads(&one).await - before;
     assert!(read < RUNS as i64, "sequential scans read {read} rows of durastep.runs ({RUNS} runs)");
 }

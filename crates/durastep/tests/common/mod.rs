@@ -300,6 +300,18 @@ pub fn walk_only(sql: &str) -> String {
     walk
 }
 
+/// Rows of `durastep.runs` read by sequential scans so far, as the
+/// statistics have them after this connection's own are flushed (the pool
+/// has one connection; `pg_stat_force_next_flush` makes it flush when it
+/// next goes idle, before the statistics are read in a new transaction).
+pub async fn runs_seq_reads(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(pool).await.expect("flush statistics");
+    sqlx::query_scalar("SELECT seq_tup_read FROM pg_stat_user_tables WHERE relid = 'durastep.runs'::regclass")
+        .fetch_one(pool)
+        .await
+        .expect("runs' statistics")
+}
+
 pub async fn count(engine: &Engine, from: &str) -> i64 {
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {from}")))
         .fetch_one(engine.pool())
