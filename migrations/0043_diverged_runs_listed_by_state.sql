@@ -5,7 +5,8 @@
 --
 -- Why: every statement that writes `runs` (a send's insert, a claim's and a
 -- completion's update) prepares the predicate of each partial index of the
--- table again, about 11,000 server instructions each, whether or not a row
+-- table again, 8,000-11,000 server instructions each (8,400 for this one,
+-- counted on a send), whether or not a row
 -- enters the index. `runs_diverged (function_id) WHERE state = 'diverged'`
 -- served two reads, both of which `runs_listed_by_state` serves as well:
 -- * the unfinished runs' exact counts (`store::inspect::unfinished_counts`):

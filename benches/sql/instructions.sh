@@ -126,7 +126,7 @@ if [ -n "${VARIANT:-}" ]; then psql -d "$db" -q -v ON_ERROR_STOP=1 -f "$VARIANT"
 # of the answer, empty; implied by FLUSH_ARRAYS=from): docs/performance.md
 # "Flushes without an empty half".
 flush_sql() {
-  local cp=$1 dn=$2 fin="" cp_src dn_src lo=1 hi=0 both=0 cps=0 dns=0 ids
+  local cp=$1 dn=$2 fin="" cp_src dn_src lo=1 hi=0 both=0 cps=0 dns=0
   if [ "${FLUSH_HALVES:-}" = both ] || [ "${FLUSH_ARRAYS:-}" = from ]; then both=1; fi
   if [ "$cp" -gt 0 ] || [ "$both" = 1 ]; then cps=1; fi
   if [ "$dn" -gt 0 ] || [ "$both" = 1 ]; then dns=1; fi
@@ -193,13 +193,10 @@ SQL
 SQL
     fi
   fi
-  ids="p.cp_run || p.dn_run"
-  [ "$dns" = 1 ] || ids="p.cp_run"
-  [ "$cps" = 1 ] || ids="p.dn_run"
   cat <<SQL
  l AS (
      SELECT r.id, r.lease_epoch, r.state = 'running' AS live FROM durastep.runs r
-      WHERE r.id = ANY ((SELECT $ids FROM p)::uuid[])
+      WHERE r.id = ANY ((SELECT p.cp_run || p.dn_run FROM p)::uuid[])
       ORDER BY r.id FOR NO KEY UPDATE SKIP LOCKED)
 SQL
   if [ "$cps" = 1 ]; then cat <<SQL

@@ -51,12 +51,12 @@ pub(crate) enum WriteOutcome {
     Fenced,
 }
 
-/// The group-commit statement; `$lock` is how it locks the run rows, `$ids`
-/// the ids it locks, `$cps` and `$dns` the checkpoints' and completions'
-/// parts (`checkpoints!` or `no_checkpoints!`, `completions!` or
-/// `no_completions!`: a batch of checkpoints only updates no run row and so
-/// fires none of the statement triggers on `runs`), `$union` what joins
-/// their halves of the answer when both are there, `$inserts` what its
+/// The group-commit statement; `$lock` is how it locks the run rows, `$cps`
+/// and `$dns` the checkpoints' and completions' parts (`checkpoints!` or
+/// `no_checkpoints!`, `completions!` or `no_completions!`: a batch of
+/// checkpoints only updates no run row and so fires none of the statement
+/// triggers on `runs`; the completions' half of the answer follows the
+/// checkpoints' with `UNION ALL` when there is one), `$inserts` what its
 /// insert does with a step row already stored ([`Conflicts`]:
 /// `plain_inserts!` or `adopting_inserts!`; `no_inserts!` without
 /// checkpoints) ([`Halves`]).
@@ -92,7 +92,7 @@ pub(crate) enum WriteOutcome {
 /// one of 16 checkpoints and 16 completions 4.8% less (docs/performance.md
 /// "The flush's arrays streamed").
 macro_rules! flush_sql {
-    ($lock:literal, $ids:literal, $union:literal, $cps:ident, $dns:ident, $inserts:ident) => {
+    ($lock:literal, $cps:ident, $dns:ident, $inserts:ident) => {
         concat!(
             "WITH p AS MATERIALIZED (
              SELECT $1::uuid[] AS cp_run, $2::bigint[] AS cp_epoch, $3::text[] AS cp_key, $4::text[] AS cp_output,
@@ -104,9 +104,7 @@ macro_rules! flush_sql {
             ",
          l AS (
              SELECT r.id, r.lease_epoch, r.state = 'running' AS live FROM durastep.runs r
-              WHERE r.id = ANY ((SELECT ",
-            $ids,
-            " FROM p)::uuid[])
+              WHERE r.id = ANY ((SELECT p.cp_run || p.dn_run FROM p)::uuid[])
               ORDER BY r.id ",
             $lock,
             ")",
@@ -122,8 +120,7 @@ macro_rules! flush_sql {
             $inserts!(join),
             "
          ",
-            $union,
-            $dns!(answer)
+            $dns!(answer, $cps)
         )
     };
 }
@@ -200,6 +197,9 @@ macro_rules! checkpoints {
     (answer) => {
         "SELECT 0, cp.ord, (l.id IS NOT NULL), "
     };
+    (then) => {
+        "UNION ALL "
+    };
     (answered) => {
         ",
                 (l.id IS NULL AND coalesce((SELECT b.lease_epoch = cp.epoch AND b.state = 'running'
@@ -211,7 +211,8 @@ macro_rules! checkpoints {
 }
 
 /// The checkpoints' parts of `flush_sql!` for a batch of completions alone:
-/// none (no insert into `step_results` to start, no half of the answer).
+/// none (no insert into `step_results` to start, no half of the answer, and
+/// so nothing for the completions' half to follow).
 macro_rules! no_checkpoints {
     ($part:ident) => {
         ""
@@ -247,13 +248,16 @@ macro_rules! completions {
              INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch)
              SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch FROM fin)"
     };
-    (answer) => {
-        "SELECT 1, dn.ord, (fin.id IS NOT NULL), (fin.id IS NOT NULL),
+    (answer, $cps:ident) => {
+        concat!(
+            $cps!(then),
+            "SELECT 1, dn.ord, (fin.id IS NOT NULL), (fin.id IS NOT NULL),
                 (fin.id IS NULL AND coalesce((SELECT b.lease_epoch = dn.epoch AND b.state = 'running'
                                                 FROM durastep.runs b WHERE b.id = dn.run_id), false))
            FROM (SELECT unnest(p.dn_run) AS run_id, unnest(p.dn_epoch) AS epoch,
                         generate_series(1::bigint, cardinality(p.dn_run)) AS ord FROM p) dn
            LEFT JOIN fin ON fin.id = dn.run_id"
+        )
     };
 }
 
@@ -261,7 +265,7 @@ macro_rules! completions {
 /// none. No statement then updates `runs` (so its statement trigger does
 /// not fire), and the answer has the checkpoints' rows only.
 macro_rules! no_completions {
-    ($part:ident) => {
+    ($($part:ident),+) => {
         ""
     };
 }
@@ -270,11 +274,10 @@ macro_rules! no_completions {
 /// are in its statement only when the batch has writes of that kind. An
 /// empty part is not free: Postgres starts every CTE and every branch of the
 /// answer on each execution, so a flush of checkpoints alone with the
-/// completions' parts (empty arrays) cost the server about 62,000 more
-/// instructions (a flush of 32 checkpoints 2.5% more, of 4 5.3%), and one of
-/// completions alone with the checkpoints' parts about 154,000 more (4
-/// completions: 8.4%) (docs/performance.md "Flushes without an empty
-/// half").
+/// completions' parts (empty arrays) cost the server about 60,000 more
+/// instructions (a flush of 32 checkpoints 2.5% more, of 4 5.5%), and one of
+/// completions alone with the checkpoints' parts about 153,000 more (4
+/// completions: 9%) (docs/performance.md "Flushes without an empty half").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Halves {
     /// Checkpoints and completions.
@@ -325,13 +328,11 @@ fn flush_statement(locks: LockWait, halves: Halves, conflicts: Conflicts) -> &'s
         };
     }
     match (halves, conflicts) {
-        (Halves::Both, Fail) => locking!("p.cp_run || p.dn_run", "UNION ALL ", checkpoints, completions, plain_inserts),
-        (Halves::Both, Adopt) => {
-            locking!("p.cp_run || p.dn_run", "UNION ALL ", checkpoints, completions, adopting_inserts)
-        }
-        (Halves::Checkpoints, Fail) => locking!("p.cp_run", "", checkpoints, no_completions, plain_inserts),
-        (Halves::Checkpoints, Adopt) => locking!("p.cp_run", "", checkpoints, no_completions, adopting_inserts),
-        (Halves::Completions, _) => locking!("p.dn_run", "", no_checkpoints, completions, no_inserts),
+        (Halves::Both, Fail) => locking!(checkpoints, completions, plain_inserts),
+        (Halves::Both, Adopt) => locking!(checkpoints, completions, adopting_inserts),
+        (Halves::Checkpoints, Fail) => locking!(checkpoints, no_completions, plain_inserts),
+        (Halves::Checkpoints, Adopt) => locking!(checkpoints, no_completions, adopting_inserts),
+        (Halves::Completions, _) => locking!(no_checkpoints, completions, no_inserts),
     }
 }
 
@@ -718,14 +719,12 @@ mod tests {
             for conflicts in [Conflicts::Fail, Conflicts::Adopt] {
                 let both = flush_statement(locks, Halves::Both, conflicts);
                 assert!(both.contains(inserts) && both.contains(completes) && both.contains("UNION ALL"));
-                assert!(both.contains("p.cp_run || p.dn_run"));
                 let checkpoints = flush_statement(locks, Halves::Checkpoints, conflicts);
                 assert!(checkpoints.contains(inserts) && !checkpoints.contains(completes));
                 assert!(!checkpoints.contains("dn AS (") && !checkpoints.contains("UNION"));
                 let completions = flush_statement(locks, Halves::Completions, conflicts);
                 assert!(completions.contains(completes) && !completions.contains(inserts));
                 assert!(!completions.contains("cp AS (") && !completions.contains("UNION"));
-                assert!(completions.contains("ANY ((SELECT p.dn_run FROM p)"));
                 assert_eq!(conflicts == Conflicts::Adopt, checkpoints.contains("ON CONFLICT DO NOTHING"));
             }
         }
