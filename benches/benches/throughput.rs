@@ -498,8 +498,9 @@ fn worker_ms_per_1k(cell: &Cell, runs: usize) -> f64 {
 }
 
 /// Turns the run history on or off (benches only: never in production). The
-/// claims and the completion write history rows in their own statements
-/// (migration 0020), which cannot be switched off; "off" sets the history
+/// completion writes each attempt's history row in its own statement
+/// (migrations 0020 and 0044; the claims note the attempt's start on the run
+/// and write no row), which cannot be switched off; "off" sets the history
 /// table aside for an unlogged one without indexes, so those rows cost only
 /// an unlogged heap append: "off" is a floor, and the measured cost of the
 /// history a slight underestimate. The trigger that records the other
@@ -514,7 +515,8 @@ async fn set_history(pool: &PgPool, on: bool) {
         "ALTER TABLE durastep.run_history RENAME TO run_history_kept;
          CREATE UNLOGGED TABLE durastep.run_history (
              run_id uuid, at timestamptz, state text, attempt integer, lease_epoch bigint,
-             worker_id uuid, error text, step text)"
+             worker_id uuid, error text, step text, started_at timestamptz,
+             started_attempt integer, started_by uuid)"
     };
     sqlx::raw_sql(sql).execute(pool).await.expect("switch the run history");
 }

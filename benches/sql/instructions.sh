@@ -25,9 +25,10 @@
 #                 claim.sql, which a worker sends for functions with flow
 #                 rules or timeouts, as it sends it after a full claim; here
 #                 for a function with neither, so its flow steps find no key);
-#   complete_32   the completion of 32 running runs with their history rows,
+#   complete_32   the completion of 32 running runs with their history rows
+#                 (each an attempt's, its start beside its end: migration 0044),
 #                 by id, as the checkpoint flush's `fin` does (a copy of
-#                 `fin_complete!` and `fin_complete_history!` in
+#                 `completions!(writes)` in
 #                 store/attempt.rs, without the step rows and the fence's
 #                 lock), then the deletion of their claim record;
 #   checkpoint_32 one step row for each of 32 running runs behind their fence
@@ -50,7 +51,8 @@
 #                 (`no_completions!`), as small a flush (not a default);
 #   flush_done_4  4 completions alone: the text without the checkpoints'
 #                 parts (`no_checkpoints!`), the flush a worker with one run
-#                 in flight sends when the run ends (not a default).
+#                 in flight sends when the run ends (not a default);
+#   flush_done_32 32 completions alone, the same text (not a default).
 #
 # VARIANT names a SQL file applied to the template after the history (a
 # probe of a schema change: its figures beside the shipped schema's, from
@@ -105,8 +107,8 @@ CREATE TEMP TABLE ids AS SELECT durastep.uuid7() AS ev FROM generate_series(1, $
 INSERT INTO durastep.events (id, name, payload) SELECT ev, 'go', '{}' FROM ids;
 INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, started_at, finished_at, output)
     SELECT durastep.uuid7(), 'f', ev, 'completed', now(), 3, now(), now(), 'null' FROM ids;
-INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch)
-    SELECT id, now(), s, 1, 1 FROM durastep.runs, unnest(ARRAY['running', 'completed']) AS s;
+INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, started_at, started_attempt)
+    SELECT id, now(), 'completed', 1, 1, now(), 1 FROM durastep.runs;
 SQL
 if [ -n "${VARIANT:-}" ]; then psql -d "$db" -q -v ON_ERROR_STOP=1 -f "$VARIANT"; fi
 
@@ -144,10 +146,16 @@ flush_sql() {
             lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
        FROM dn JOIN l ON l.id = dn.run_id AND l.lease_epoch = dn.epoch AND l.live
       WHERE r.id = dn.run_id
-     RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at),
+     RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at, l.worker_id,
+               CASE WHEN r.attempt_claim_id IS NOT DISTINCT FROM r.claim_id THEN r.attempt_claimed_at END
+                 AS claimed_at),
  fin_history AS (
-     INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch)
-     SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch FROM fin)"
+     INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch,
+                                       started_at, started_attempt, started_by)
+     SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch, fin.claimed_at,
+            CASE WHEN fin.claimed_at IS NOT NULL THEN fin.attempt END,
+            CASE WHEN fin.claimed_at IS NOT NULL THEN fin.worker_id END
+       FROM fin)"
   fi
   cat <<SQL
 SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
@@ -195,7 +203,7 @@ SQL
   fi
   cat <<SQL
  l AS (
-     SELECT r.id, r.lease_epoch, r.state = 'running' AS live FROM durastep.runs r
+     SELECT r.id, r.lease_epoch, r.state = 'running' AS live, r.worker_id FROM durastep.runs r
       WHERE r.id = ANY ((SELECT p.cp_run || p.dn_run FROM p)::uuid[])
       ORDER BY r.id FOR NO KEY UPDATE SKIP LOCKED)
 SQL
@@ -246,18 +254,26 @@ flush_sql 16 16 >"$root/flush_mixed_32.sql"
 flush_sql 2 2 >"$root/flush_mixed_4.sql"
 flush_sql 4 0 >"$root/flush_4.sql"
 flush_sql 0 4 >"$root/flush_done_4.sql"
+flush_sql 0 32 >"$root/flush_done_32.sql"
 cat >"$root/complete_32.sql" <<SQL
 SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
 WITH dn AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) AS t(run_id, epoch)),
+l AS (SELECT r.id, r.worker_id FROM durastep.runs r WHERE r.id = ANY (:ids::uuid[])),
 fin AS (
     UPDATE durastep.runs r
        SET state = 'completed', output = 'null'::jsonb, finished_at = (SELECT durastep.now()),
            lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
-      FROM dn WHERE r.id = dn.run_id AND r.lease_epoch = dn.epoch AND r.state = 'running'
-    RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at),
+      FROM dn JOIN l ON l.id = dn.run_id WHERE r.id = dn.run_id AND r.lease_epoch = dn.epoch AND r.state = 'running'
+    RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at, l.worker_id,
+              CASE WHEN r.attempt_claim_id IS NOT DISTINCT FROM r.claim_id THEN r.attempt_claimed_at END
+                AS claimed_at),
 fin_history AS (
-    INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch)
-    SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch FROM fin)
+    INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch,
+                                      started_at, started_attempt, started_by)
+    SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch, fin.claimed_at,
+           CASE WHEN fin.claimed_at IS NOT NULL THEN fin.attempt END,
+           CASE WHEN fin.claimed_at IS NOT NULL THEN fin.worker_id END
+      FROM fin)
 SELECT count(*) FROM fin;
 DELETE FROM durastep.run_claims WHERE id = :claim;
 SQL
@@ -333,7 +349,7 @@ for s in $statements; do
   psql -d postgres -q -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db TEMPLATE instructions_template"
   case $s in
     claim_32 | claim_full_32) queue $(((2 * warm + calls) * 32)) ;;
-    complete_32 | checkpoint_32 | flush_32 | flush_mixed_32 | flush_mixed_4 | flush_4 | flush_done_4)
+    complete_32 | checkpoint_32 | flush_32 | flush_mixed_32 | flush_mixed_4 | flush_4 | flush_done_4 | flush_done_32)
       # Claims of 32 runs each, for the completions or checkpoints to come.
       queue $(((2 * warm + calls) * 32))
       pgbench -n -M prepared -c 1 -t $((2 * warm + calls)) -f "$root/claim_32.sql" "$db" >/dev/null ;;

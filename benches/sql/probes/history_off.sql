@@ -6,4 +6,5 @@
 ALTER TABLE durastep.run_history RENAME TO run_history_kept;
 CREATE UNLOGGED TABLE durastep.run_history (
     run_id uuid, at timestamptz, state text, attempt integer, lease_epoch bigint,
-    worker_id uuid, error text, step text);
+    worker_id uuid, error text, step text, started_at timestamptz,
+    started_attempt integer, started_by uuid);

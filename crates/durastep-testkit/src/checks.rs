@@ -583,11 +583,11 @@ pub async fn unstored_executions(pool: &PgPool) -> Result<Vec<UnstoredExecution>
                 e.at AS attempt_ended_at, e.state AS attempt_ended_as
            FROM testkit_ledger l
            LEFT JOIN LATERAL (
-                SELECT h.at, h.state FROM durastep.run_history h
+                SELECT h.at, h.state FROM durastep.run_timeline h
                  WHERE h.run_id = l.run_id
                    AND (h.lease_epoch > l.lease_epoch
                         OR (h.lease_epoch = l.lease_epoch AND h.state <> 'running'))
-                 ORDER BY h.seq LIMIT 1) e ON true
+                 ORDER BY h.seq, h.part LIMIT 1) e ON true
           WHERE NOT EXISTS (SELECT 1 FROM durastep.step_results s
                              WHERE s.run_id = l.run_id AND s.step_key = l.step_key
                                AND s.lease_epoch IS NOT DISTINCT FROM l.lease_epoch)
@@ -597,7 +597,7 @@ pub async fn unstored_executions(pool: &PgPool) -> Result<Vec<UnstoredExecution>
     .await?)
 }
 
-/// A run's history rows as text, one per line (`at state attempt epoch
+/// A run's timeline (`durastep.run_timeline`) as text, one entry per line (`at state attempt epoch
 /// worker`): for a failing test's message.
 ///
 /// ```no_run
@@ -608,8 +608,8 @@ pub async fn unstored_executions(pool: &PgPool) -> Result<Vec<UnstoredExecution>
 pub async fn history_text(pool: &PgPool, run_id: Uuid) -> Result<String> {
     let text: Option<String> = sqlx::query_scalar(
         "SELECT string_agg(format('  %s %s attempt=%s epoch=%s %s', to_char(at, 'HH24:MI:SS.MS'), state,
-                                  attempt, lease_epoch, coalesce(worker_id::text, '')), E'\\n' ORDER BY seq)
-           FROM durastep.run_history WHERE run_id = $1",
+                                  attempt, lease_epoch, coalesce(worker_id::text, '')), E'\\n' ORDER BY seq, part)
+           FROM durastep.run_timeline WHERE run_id = $1",
     )
     .bind(run_id)
     .fetch_one(pool)

@@ -312,10 +312,10 @@ async fn a_claim_lost_and_made_again_fences_out_the_first_attempt(_p: PgPoolOpti
     h.a_entered.reached("the first attempt to reach its gate").await;
     let (lost_epoch, _) = lease_of(&engine_a, id).await;
 
-    // The crash loses the claim: the row as it was before it, its history row gone.
+    // The crash loses the claim: the row as it was before it (the claim wrote
+    // no history row: its start is noted on the run, 0044).
     sqlx::query(
-        "WITH h AS (DELETE FROM durastep.run_history WHERE run_id = $1 AND state = 'running')
-         UPDATE durastep.runs SET state = 'queued', lease_epoch = 0, worker_id = NULL, lease_expires_at = NULL,
+        "UPDATE durastep.runs SET state = 'queued', lease_epoch = 0, worker_id = NULL, lease_expires_at = NULL,
                 started_at = NULL, history_noted = NOT history_noted, run_at = durastep.now()
           WHERE id = $1 AND lease_epoch = $2",
     )

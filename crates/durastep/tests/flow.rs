@@ -64,13 +64,13 @@ async fn max_overlap(pool: &PgPool, functions: &[&str]) -> Vec<(String, i64)> {
 }
 
 /// Every claim of a run of `function` (a start of an attempt, the thing a
-/// throttle limits), with the run's key: from the run history, one row per
-/// claim (state `running` under a new lease epoch), at the claim statement's
+/// throttle limits), with the run's key: from the run's timeline, one entry
+/// per claim (state `running` under a new lease epoch), at the claim statement's
 /// database time. Not when a handler got to run, which lags behind on a loaded
 /// machine while the test moves the clock on, and not only a run's first claim
 /// (`runs.started_at`): a run re-claimed after a lost lease is claimed again.
 const CLAIMS: &str = "SELECT h.run_id, e.payload->>'k' AS key, e.payload->'n' AS n, h.at AS t
-                        FROM durastep.run_history h
+                        FROM durastep.run_timeline h
                         JOIN durastep.runs r ON r.id = h.run_id
                         JOIN durastep.events e ON e.id = r.event_id
                        WHERE r.function_id = $1 AND h.state = 'running'";

@@ -1090,6 +1090,122 @@ async fn each_transition_is_recorded_once_on_the_fast_and_the_full_claim(_p: PgP
     }
 }
 
+/// A run's history rows as stored: (state, whether the row carries an
+/// attempt's start, the started attempt's number), oldest first.
+async fn history_rows(engine: &Engine, id: Uuid) -> Vec<(String, bool, Option<i32>)> {
+    sqlx::query_as(
+        "SELECT state, started_at IS NOT NULL, started_attempt FROM durastep.run_history
+          WHERE run_id = $1 ORDER BY seq",
+    )
+    .bind(id)
+    .fetch_all(engine.pool())
+    .await
+    .expect("the history rows")
+}
+
+/// Catches (migration 0044): a claim that writes a history row of its own
+/// again (two rows per attempt: the first assertion on the rows), an end
+/// that does not carry its attempt's start (no `running` entry in the
+/// timeline), and a start noted on the run by an earlier attempt read as the
+/// start of a later attempt that a claim of an earlier version made (which
+/// sets a new `claim_id`, notes no start and writes its own `running` row):
+/// the timeline would then show that attempt started twice, once at the
+/// earlier attempt's time. Checked: with the view's comparison of
+/// `attempt_claim_id` with `claim_id` taken out (and the trigger's), the
+/// timeline holds a stale fourth `running` entry while the older claim
+/// runs; with the trigger's alone taken out, a stale `running` entry
+/// before the reaping's `queued`.
+#[sqlx::test(migrations = false)]
+async fn each_attempt_is_one_history_row_and_an_older_claim_keeps_its_own_start(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let tries = Arc::new(AtomicU32::new(0));
+    let counted = tries.clone();
+    let f = Function::new("rows").on_event("rows/go").retries(2).backoff(Backoff::Fixed(Duration::from_secs(3600)));
+    let f = f.handler(move |_ctx: Ctx, _: Value| {
+        let tries = counted.clone();
+        async move {
+            if tries.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Err(HandlerError::new("first attempt fails"));
+            }
+            Ok(json!("done"))
+        }
+    });
+    let engine = common::engine(&opts, vec![f]).await;
+    let id = engine.send(Event::new("rows/go", &json!({}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    common::wait_for_run_where(&engine, id, "the first attempt to fail", |r| r.attempt == 2).await;
+    w.stop().await;
+    // The claim wrote no row; the failure's row carries the attempt's start.
+    assert_eq!(history_rows(&engine, id).await, [("queued".to_owned(), true, Some(1))]);
+
+    // A claim as processes of an earlier version make it: a new claim
+    // record (listed for the reaper), its own `running` row, the mark
+    // flipped, no start noted; its lease already lapsed.
+    sqlx::query(
+        "WITH k AS (SELECT nextval('durastep.run_claims_id_seq') AS id),
+         c AS (
+            UPDATE durastep.runs SET state = 'running', lease_epoch = lease_epoch + 1,
+                   worker_id = gen_random_uuid(), claim_id = (SELECT k.id FROM k),
+                   lease_expires_at = durastep.now() - interval '1 second', history_noted = NOT history_noted
+             WHERE id = $1
+            RETURNING id, attempt, lease_epoch, worker_id, lease_expires_at),
+         l AS (
+            INSERT INTO durastep.run_claims (id, recheck_at, run_ids, epochs)
+            SELECT (SELECT k.id FROM k), c.lease_expires_at, ARRAY[c.id], ARRAY[c.lease_epoch] FROM c)
+         INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
+         SELECT id, durastep.now(), 'running', attempt, lease_epoch, worker_id FROM c",
+    )
+    .bind(id)
+    .execute(engine.pool())
+    .await
+    .unwrap();
+    let states = |d: &durastep::inspect::RunDetail| d.history.iter().map(|h| h.state).collect::<Vec<RunState>>();
+    let d = engine.inspect().run(id).await.unwrap();
+    assert_eq!(states(&d), [RunState::Running, RunState::Queued, RunState::Running], "while the older claim runs");
+
+    assert_eq!(engine.reap_expired_leases().await.unwrap(), 1);
+    let d = engine.inspect().run(id).await.unwrap();
+    assert_eq!(
+        states(&d),
+        [RunState::Running, RunState::Queued, RunState::Running, RunState::Queued],
+        "after the older claim's lease was reaped"
+    );
+
+    // Claimed again by this version, and completed.
+    let w = common::spawn_worker(&engine);
+    durastep::testing::advance_clock(&engine, Duration::from_secs(3601)).await.unwrap();
+    assert_eq!(common::finished(&engine, id).await.state, RunState::Completed);
+    w.stop().await;
+    let d = engine.inspect().run(id).await.unwrap();
+    assert_eq!(
+        states(&d),
+        [
+            RunState::Running,
+            RunState::Queued,
+            RunState::Running,
+            RunState::Queued,
+            RunState::Running,
+            RunState::Completed
+        ]
+    );
+    assert!(
+        d.history.windows(2).all(|p| p[0].at <= p[1].at),
+        "{:?}",
+        d.history.iter().map(|h| h.at).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        history_rows(&engine, id).await,
+        [
+            ("queued".to_owned(), true, Some(1)),
+            ("running".to_owned(), false, None),
+            ("queued".to_owned(), false, None),
+            ("completed".to_owned(), true, Some(d.run.attempt as i32)),
+        ]
+    );
+}
+
 /// Scans of `durastep.runs_listed_by_state` so far, as the statistics have them.
 async fn listed_by_state_scans(pool: &sqlx::PgPool) -> i64 {
     sqlx::query_scalar(

@@ -358,7 +358,7 @@ async fn a_draining_worker_sends_the_walk_alone(_p: PgPoolOptions, opts: PgConne
     common::wait_until("the runs to complete", || async { common::count(&engine, left).await == 0 }).await;
     worker.stop().await;
     let claims =
-        common::count(&engine, "(SELECT DISTINCT at FROM durastep.run_history WHERE state = 'running') c").await;
+        common::count(&engine, "(SELECT DISTINCT at FROM durastep.run_timeline WHERE state = 'running') c").await;
     // A backend's statistics reach the shared counters when it exits.
     engine.pool().close().await;
     // Every run claimed and completed: two updates each, whatever the plans.

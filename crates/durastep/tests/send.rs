@@ -474,7 +474,7 @@ async fn a_handing_send_inserts_its_run_claimed(_p: PgPoolOptions, opts: PgConne
         let states: Vec<(uuid::Uuid, String, Option<uuid::Uuid>, i64, bool, bool)> = sqlx::query_as(
             "SELECT id, state, worker_id, lease_epoch,
                     lease_expires_at IS NOT DISTINCT FROM started_at + interval '30 seconds',
-                    (SELECT count(*) FROM durastep.run_history h
+                    (SELECT count(*) FROM durastep.run_timeline h
                       WHERE h.run_id = r.id AND h.state = 'running' AND h.worker_id IS NOT DISTINCT FROM r.worker_id
                         AND h.lease_epoch = r.lease_epoch) = 1
                FROM durastep.runs r WHERE r.id = ANY ($1) ORDER BY id",

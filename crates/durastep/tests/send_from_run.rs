@@ -112,7 +112,7 @@ async fn after_self_cancel(engine: &durastep::Engine, id: uuid::Uuid) -> (Vec<St
     })
     .await;
     let history: Vec<String> =
-        sqlx::query_scalar("SELECT state FROM durastep.run_history WHERE run_id = $1 ORDER BY seq")
+        sqlx::query_scalar("SELECT state FROM durastep.run_timeline WHERE run_id = $1 ORDER BY seq, part")
             .bind(id)
             .fetch_all(engine.pool())
             .await

@@ -261,7 +261,7 @@ pub async fn bodies(pool: &PgPool) -> Result<Vec<Body>> {
 }
 
 /// First claim of every workload run, by the database clock (from
-/// `durastep.run_history`): (run, function, `/key`, claimed at).
+/// `durastep.run_timeline`): (run, function, `/key`, claimed at).
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
@@ -271,7 +271,7 @@ pub async fn bodies(pool: &PgPool) -> Result<Vec<Body>> {
 pub async fn first_claims(pool: &PgPool) -> Result<Vec<(Uuid, String, Option<String>, DateTime<Utc>)>> {
     Ok(sqlx::query_as(
         "SELECT r.id, r.function_id, e.payload ->> 'key', min(h.at)
-           FROM durastep.run_history h JOIN durastep.runs r ON r.id = h.run_id
+           FROM durastep.run_timeline h JOIN durastep.runs r ON r.id = h.run_id
            JOIN durastep.events e ON e.id = r.event_id
           WHERE h.state = 'running' AND r.function_id LIKE 'wl-%'
           GROUP BY r.id, r.function_id, e.payload ->> 'key' ORDER BY 4",
@@ -280,8 +280,8 @@ pub async fn first_claims(pool: &PgPool) -> Result<Vec<(Uuid, String, Option<Str
     .await?)
 }
 
-/// The last history row of every workload run that has one, with the most
-/// recent lease epoch in its history: (run, last state, max epoch).
+/// The last entry of every workload run's timeline that has one, with the
+/// most recent lease epoch in it: (run, last state, max epoch).
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> durastep_testkit::Result<()> {
@@ -291,16 +291,16 @@ pub async fn first_claims(pool: &PgPool) -> Result<Vec<(Uuid, String, Option<Str
 pub async fn last_history(pool: &PgPool) -> Result<Vec<(Uuid, String, i64)>> {
     Ok(sqlx::query_as(
         "SELECT DISTINCT ON (h.run_id) h.run_id, h.state,
-                (SELECT max(x.lease_epoch) FROM durastep.run_history x WHERE x.run_id = h.run_id)
-           FROM durastep.run_history h JOIN durastep.runs r ON r.id = h.run_id
+                (SELECT max(x.lease_epoch) FROM durastep.run_timeline x WHERE x.run_id = h.run_id)
+           FROM durastep.run_timeline h JOIN durastep.runs r ON r.id = h.run_id
           WHERE r.function_id LIKE 'wl-%'
-          ORDER BY h.run_id, h.seq DESC",
+          ORDER BY h.run_id, h.seq DESC, h.part DESC",
     )
     .fetch_all(pool)
     .await?)
 }
 
-/// Whether a run had a `running` history row before `t` (database clock).
+/// Whether a run had an attempt started before `t` (database clock).
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool, id: uuid::Uuid) -> durastep_testkit::Result<()> {
@@ -309,7 +309,7 @@ pub async fn last_history(pool: &PgPool) -> Result<Vec<(Uuid, String, i64)>> {
 /// ```
 pub async fn started_before(pool: &PgPool, run_id: Uuid, t: DateTime<Utc>) -> Result<bool> {
     Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM durastep.run_history WHERE run_id = $1 AND state = 'running' AND at < $2)",
+        "SELECT EXISTS (SELECT 1 FROM durastep.run_timeline WHERE run_id = $1 AND state = 'running' AND at < $2)",
     )
     .bind(run_id)
     .bind(t)
@@ -399,13 +399,14 @@ pub async fn reaps(pool: &PgPool) -> Result<Vec<(Uuid, i64, DateTime<Utc>)>> {
 }
 
 /// How many runs their own send claimed and handed to a worker of the
-/// sender's process (the first `running` history row of the run was written
-/// by the transaction that stored its event).
+/// sender's process (the run's first attempt started in the transaction
+/// that stored its event: the start's time is the run's creation time, where
+/// a claim's transaction starts after the send's has committed).
 pub async fn runs_handed_by_their_send(pool: &PgPool) -> Result<i64> {
     Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM durastep.runs r JOIN durastep.events e ON e.id = r.event_id
-          WHERE (SELECT h.xmin::text FROM durastep.run_history h
-                  WHERE h.run_id = r.id AND h.state = 'running' ORDER BY h.seq LIMIT 1) = e.xmin::text",
+        "SELECT count(*) FROM durastep.runs r
+          WHERE (SELECT h.at FROM durastep.run_timeline h
+                  WHERE h.run_id = r.id AND h.state = 'running' ORDER BY h.seq, h.part LIMIT 1) = r.created_at",
     )
     .fetch_one(pool)
     .await?)

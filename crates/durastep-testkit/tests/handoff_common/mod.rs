@@ -52,12 +52,15 @@ pub async fn engine_with(opts: &PgConnectOptions, options: WorkerOptions, functi
     builder.build().await.unwrap()
 }
 
-/// The run's history, oldest first: (state, written by the transaction of
-/// the send of `event`, that is, handed on by that send).
+/// The run's timeline, oldest first: (state, an attempt started by the
+/// transaction of the send of `event`, that is, handed on by that send: its
+/// start's time is the run's creation time, the send's transaction's, where
+/// a claim's transaction starts after the send's has committed).
 pub async fn history(engine: &Engine, run: Uuid, event: Uuid) -> Vec<(String, bool)> {
     sqlx::query_as(
-        "SELECT h.state, h.xmin::text = (SELECT e.xmin::text FROM durastep.events e WHERE e.id = $2)
-           FROM durastep.run_history h WHERE h.run_id = $1 ORDER BY h.seq",
+        "SELECT h.state, h.part = 0 AND h.at = r.created_at AND r.event_id = $2
+           FROM durastep.run_timeline h JOIN durastep.runs r ON r.id = h.run_id
+          WHERE h.run_id = $1 ORDER BY h.seq, h.part",
     )
     .bind(run)
     .bind(event)
@@ -68,7 +71,7 @@ pub async fn history(engine: &Engine, run: Uuid, event: Uuid) -> Vec<(String, bo
 
 /// The run's states, oldest first.
 pub async fn states(engine: &Engine, run: Uuid) -> Vec<String> {
-    sqlx::query_scalar("SELECT state FROM durastep.run_history WHERE run_id = $1 ORDER BY seq")
+    sqlx::query_scalar("SELECT state FROM durastep.run_timeline WHERE run_id = $1 ORDER BY seq, part")
         .bind(run)
         .fetch_all(engine.pool())
         .await

@@ -103,7 +103,7 @@ macro_rules! flush_sql {
             $dns!(input),
             ",
          l AS (
-             SELECT r.id, r.lease_epoch, r.state = 'running' AS live FROM durastep.runs r
+             SELECT r.id, r.lease_epoch, r.state = 'running' AS live, r.worker_id FROM durastep.runs r
               WHERE r.id = ANY ((SELECT p.cp_run || p.dn_run FROM p)::uuid[])
               ORDER BY r.id ",
             $lock,
@@ -224,8 +224,10 @@ macro_rules! no_checkpoints {
 /// and the answer's rows for them (`answer`).
 ///
 /// `fin` completes the runs (fenced by `l`). It flips `history_noted`:
-/// `fin_history` writes their history rows, so the `runs_history` trigger
-/// stays quiet for them (migration 0020). The clock is read once (an
+/// `fin_history` writes their history rows, so the `runs_changed` trigger
+/// stays quiet for them (migration 0020). Each row is its attempt's whole
+/// record (migration 0044): the end, and the start the claim noted on the
+/// run, with the claiming worker (`l` reads it before `fin` clears it). The clock is read once (an
 /// InitPlan): when `durastep.now()` was a PL/pgSQL function (migrations 0019
 /// to 0038) each call cost 3-4 us, once per completed run; since 0039
 /// Postgres inlines it.
@@ -243,10 +245,16 @@ macro_rules! completions {
                     lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
                FROM dn JOIN l ON l.id = dn.run_id AND l.lease_epoch = dn.epoch AND l.live
               WHERE r.id = dn.run_id
-             RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at),
+             RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at, l.worker_id,
+                       CASE WHEN r.attempt_claim_id IS NOT DISTINCT FROM r.claim_id THEN r.attempt_claimed_at END
+                         AS claimed_at),
          fin_history AS (
-             INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch)
-             SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch FROM fin)"
+             INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch,
+                                               started_at, started_attempt, started_by)
+             SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch, fin.claimed_at,
+                    CASE WHEN fin.claimed_at IS NOT NULL THEN fin.attempt END,
+                    CASE WHEN fin.claimed_at IS NOT NULL THEN fin.worker_id END
+               FROM fin)"
     };
     (answer, $cps:ident) => {
         concat!(

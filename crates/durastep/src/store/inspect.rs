@@ -304,11 +304,13 @@ pub(crate) struct HistoryRow {
     pub step: Option<String>,
 }
 
-/// A run's history, oldest first.
+/// A run's history, oldest first: each attempt's start and every change of
+/// state (`durastep.run_timeline`, migration 0044, which expands an
+/// attempt's row into its start and its end).
 pub(crate) async fn load_history(pool: &PgPool, run_id: Uuid) -> Result<Vec<HistoryRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT at, state, attempt, worker_id, error, step
-           FROM durastep.run_history WHERE run_id = $1 ORDER BY seq",
+           FROM durastep.run_timeline WHERE run_id = $1 ORDER BY seq, part",
     )
     .bind(run_id)
     .fetch_all(pool)

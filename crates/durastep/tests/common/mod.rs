@@ -262,12 +262,12 @@ pub async fn step_rows(engine: &Engine, run_id: Uuid) -> Vec<StepRow> {
     rows.into_iter().map(|(key, output, lease_epoch)| StepRow { key, output, lease_epoch }).collect()
 }
 
-/// The lease epoch each claim of a run set, in claim order (its history's
-/// `running` rows). Claims move the epoch forward by a random amount, so
+/// The lease epoch each claim of a run set, in claim order (the `running`
+/// entries of `durastep.run_timeline`: each attempt's start). Claims move the epoch forward by a random amount, so
 /// tests compare a row's epoch with these instead of with a count.
 pub async fn claim_epochs(engine: &Engine, run_id: Uuid) -> Vec<i64> {
     sqlx::query_scalar(
-        "SELECT lease_epoch FROM durastep.run_history WHERE run_id = $1 AND state = 'running' ORDER BY seq",
+        "SELECT lease_epoch FROM durastep.run_timeline WHERE run_id = $1 AND state = 'running' ORDER BY seq, part",
     )
     .bind(run_id)
     .fetch_all(engine.pool())
@@ -461,13 +461,15 @@ impl ReaderRole {
 }
 
 /// Whether the send of `event_id` claimed the run itself (handed it to an
-/// idle worker): the run's first `running` history row was written by the
-/// send's own transaction.
+/// idle worker): the run's first attempt started in the send's own
+/// transaction (the start's time is the transaction's, the run's creation
+/// time; a claim's transaction starts after the send's has committed), and
+/// the run is the event's.
 pub async fn handed_by_its_send(engine: &Engine, run_id: Uuid, event_id: Uuid) -> bool {
     sqlx::query_scalar(
-        "SELECT (SELECT h.xmin::text FROM durastep.run_history h WHERE h.run_id = $1 AND h.state = 'running'
-                  ORDER BY h.seq LIMIT 1)
-              = (SELECT e.xmin::text FROM durastep.events e WHERE e.id = $2)",
+        "SELECT (SELECT h.at FROM durastep.run_timeline h WHERE h.run_id = $1 AND h.state = 'running'
+                  ORDER BY h.seq, h.part LIMIT 1)
+              = (SELECT r.created_at FROM durastep.runs r WHERE r.id = $1 AND r.event_id = $2)",
     )
     .bind(run_id)
     .bind(event_id)
@@ -505,12 +507,12 @@ pub async fn send_until_handed(engine: &Engine, name: &str) -> usize {
     send_until_handed_with(engine, name, |i| serde_json::json!({"i": i})).await
 }
 
-/// Fails unless each run was claimed once (one `running` history row): by
+/// Fails unless each run was claimed once (one attempt's start): by
 /// its send, which handed it to a worker, or by a worker, never both.
 pub async fn assert_claimed_once_each(engine: &Engine) {
     let claims: Vec<i64> = sqlx::query_scalar(
         "SELECT count(*) FILTER (WHERE h.state = 'running') FROM durastep.runs r
-           JOIN durastep.run_history h ON h.run_id = r.id GROUP BY r.id",
+           JOIN durastep.run_timeline h ON h.run_id = r.id GROUP BY r.id",
     )
     .fetch_all(engine.pool())
     .await

@@ -193,6 +193,8 @@ claimed AS (
            worker_id = (SELECT p.worker FROM p), started_at = coalesce(r.started_at, durastep.now()),
            park_rule = NULL, park_key = NULL, history_noted = NOT r.history_noted,
            claim_id = (SELECT k.id FROM kid k),
+           -- The attempt's start, which its end's history row carries (0044).
+           attempt_claimed_at = durastep.now(), attempt_claim_id = (SELECT k.id FROM kid k),
            flow_held = (SELECT jsonb_agg(jsonb_build_array(j.rule, j.key)) FROM judged j
                          WHERE j.id = r.id AND j.kind = 'concurrency')
       FROM admit, durastep.events e
@@ -206,11 +208,6 @@ claim AS (
     SELECT (SELECT k.id FROM kid k), min(c.lease_expires_at), array_agg(c.id), array_agg(c.lease_epoch)
       FROM claimed c HAVING count(*) > 0
     RETURNING id),
--- Their history rows, written here: the `runs_history` trigger stays quiet for
--- rows whose `history_noted` flipped (migration 0020).
-claimed_history AS (
-    INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
-    SELECT c.id, c.db_now, 'running', c.attempt, c.lease_epoch, (SELECT p.worker FROM p) FROM claimed c),
 -- Refused runs parked until their next possible start.
 parked AS (
     UPDATE durastep.runs r SET state = 'queued', run_at = p.run_at, park_rule = p.rule, park_key = p.key

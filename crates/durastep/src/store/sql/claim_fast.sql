@@ -26,8 +26,10 @@
 -- * a run past its start or finish deadline is skipped: maintenance
 --   (`expire_timeouts`) cancels it with its reason, as the full claim would.
 --
--- The claim writes its runs' history rows itself (the `runs_history` trigger
--- stays quiet for rows whose `history_noted` flipped: migration 0020).
+-- The claim writes no history row: it notes each attempt's start on its run
+-- (`attempt_claimed_at`, `attempt_claim_id`), and the row that ends the
+-- attempt carries it (migration 0044). It flips `history_noted`, so that
+-- the `runs_changed` trigger stays quiet for it (migration 0020).
 --
 -- Every parameter, read only through this CTE, so that a custom plan cannot
 -- see one and costs exactly what the generic plan costs (Postgres then keeps
@@ -82,7 +84,8 @@ claimed AS (
            lease_expires_at = (SELECT now FROM t) + (SELECT p.lease FROM p),
            worker_id = (SELECT p.worker FROM p), started_at = coalesce(r.started_at, (SELECT now FROM t)),
            park_rule = NULL, park_key = NULL, flow_held = NULL, history_noted = NOT r.history_noted,
-           claim_id = (SELECT k.id FROM kid k)
+           claim_id = (SELECT k.id FROM kid k),
+           attempt_claimed_at = (SELECT now FROM t), attempt_claim_id = (SELECT k.id FROM kid k)
      WHERE r.id = ANY (ARRAY(
             SELECT a.id FROM (                                                            -- few
                 SELECT c.id FROM durastep.runs c                                          -- few
@@ -114,11 +117,7 @@ claim AS (
     INSERT INTO durastep.run_claims (id, recheck_at, run_ids, epochs)
     SELECT (SELECT k.id FROM kid k), min(c.lease_expires_at), array_agg(c.id), array_agg(c.lease_epoch)
       FROM claimed c HAVING count(*) > 0
-    RETURNING id),
--- Their history rows.
-h AS (
-    INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
-    SELECT c.id, (SELECT now FROM t), 'running', c.attempt, c.lease_epoch, (SELECT p.worker FROM p) FROM claimed c)
+    RETURNING id)
 -- Each claimed run with its input; its steps and journal are joined by
 -- run_records.sql, which the code appends.
 SELECT c.id, c.function_id, c.version, c.event_id, c.attempt, c.lease_epoch,
