@@ -500,3 +500,82 @@ async fn the_diverged_runs_are_read_through_the_listing_index(_p: PgPoolOptions,
     assert!(read < FINISHED, "sequential scans read {read} rows of durastep.runs ({FINISHED} finished runs)");
     drop(engine);
 }
+
+/// A run's timeline as the inspection API reads it (`load_history` in the
+/// store), with the generic plan a pool keeps after five executions.
+const TIMELINE: &str = "SELECT at, state, attempt, worker_id, error, step
+                          FROM durastep.run_timeline WHERE run_id = $1 ORDER BY seq, part";
+
+/// The generic plan of [`TIMELINE`] on `conn`, as text.
+async fn timeline_plan(conn: &mut PgConnection) -> String {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE timeline (uuid) AS {TIMELINE}")))
+        .execute(&mut *conn)
+        .await
+        .expect("prepare the timeline");
+    let plan: Vec<String> = sqlx::query_scalar("EXPLAIN EXECUTE timeline (durastep.uuid7())")
+        .fetch_all(&mut *conn)
+        .await
+        .expect("explain the timeline");
+    sqlx::query("DEALLOCATE timeline").execute(&mut *conn).await.expect("deallocate");
+    plan.join("\n")
+}
+
+/// Catches: a run's timeline (migration 0044's view `durastep.run_timeline`:
+/// each attempt's start from the row of its end, every row, and the start
+/// of the attempt running now from the run) that reads `run_history` or
+/// `runs` whole instead of the run's rows through their primary keys, as a
+/// branch of the view would that the run's id cannot reach (one whose rows
+/// are computed over the whole table first). Here 20,000 finished runs with
+/// a row each and 2,000 running ones. The test shows it can fail: the same
+/// view with a fence against pushing the id into its last branch
+/// (`OFFSET 0`) scans `runs`.
+#[sqlx::test(migrations = false)]
+async fn a_run_s_timeline_is_read_through_the_primary_keys(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let engine = common::engine(&opts, vec![]).await;
+    let mut conn = PgConnection::connect_with(&opts).await.expect("connect");
+    sqlx::raw_sql(
+        "INSERT INTO durastep.functions (id, triggers, max_attempts) VALUES ('f', ARRAY['go'], 3);
+         CREATE TEMP TABLE seed AS SELECT durastep.uuid7() AS ev, durastep.uuid7() AS id, n
+           FROM generate_series(1, 22000) AS n;
+         INSERT INTO durastep.events (id, name, payload) SELECT ev, 'go', '{}' FROM seed;
+         INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, started_at,
+                                    finished_at, worker_id, lease_epoch, claim_id, attempt_claimed_at,
+                                    attempt_claim_id)
+         SELECT id, 'f', ev, CASE WHEN n <= 20000 THEN 'completed' ELSE 'running' END, now(), 3, now(),
+                CASE WHEN n <= 20000 THEN now() END, CASE WHEN n > 20000 THEN gen_random_uuid() END, 1,
+                n, now(), n
+           FROM seed;
+         INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, started_at, started_attempt,
+                                           started_by)
+         SELECT id, now(), 'completed', 1, 1, now(), 1, gen_random_uuid() FROM seed WHERE n <= 20000;
+         ANALYZE durastep.runs;
+         ANALYZE durastep.run_history;",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("seed runs and history");
+    sqlx::query("SET plan_cache_mode = force_generic_plan").execute(&mut conn).await.expect("generic plans");
+    let plan = timeline_plan(&mut conn).await;
+    for index in ["run_history_pkey", "runs_pkey"] {
+        assert!(plan.contains(index), "the timeline does not read {index}:\n{plan}");
+    }
+    assert!(!plan.contains("Seq Scan"), "the timeline scans a table:\n{plan}");
+
+    // The same view with its last branch fenced off from the run's id.
+    let view: String = sqlx::query_scalar("SELECT pg_get_viewdef('durastep.run_timeline'::regclass)")
+        .fetch_one(&mut conn)
+        .await
+        .expect("the view's text");
+    let fenced = view.trim_end().trim_end_matches(';').to_owned() + " OFFSET 0";
+    let (head, last) = fenced.rsplit_once("UNION ALL").expect("the view's last branch");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; CREATE OR REPLACE VIEW durastep.run_timeline AS {head} UNION ALL (SELECT * FROM ({last}) x)"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("fence the view's last branch");
+    let fenced_plan = timeline_plan(&mut conn).await;
+    sqlx::query("ROLLBACK").execute(&mut conn).await.expect("roll back");
+    assert!(fenced_plan.contains("Seq Scan on runs"), "the check cannot fail:\n{fenced_plan}");
+    drop(engine);
+}
