@@ -38,8 +38,9 @@ ALTER TABLE durastep.run_history
     ADD COLUMN started_by uuid;
 
 -- The row trigger of 0041 (its history part changed): an attempt's end
--- carries its start; a run made running under a new lease by hand writes
--- the start of the attempt it ends, and its own entry, as rows.
+-- carries its start; a run made running under a new lease by hand (its
+-- claim record unchanged) writes the start of the attempt it ends, and its
+-- own entry, as rows, and forgets the start noted on the run.
 CREATE OR REPLACE FUNCTION durastep.run_changed() RETURNS trigger
     LANGUAGE plpgsql AS $$
 DECLARE
@@ -120,6 +121,11 @@ BEGIN
                 VALUES (OLD.id, OLD.attempt_claimed_at, 'running', OLD.attempt, OLD.lease_epoch, OLD.worker_id);
             END IF;
             started := false;
+            -- The start noted by the last claim is not this attempt's (the
+            -- claim record is the same): forgotten, so that neither the
+            -- view nor this attempt's end takes it for this attempt's.
+            UPDATE durastep.runs SET attempt_claimed_at = NULL
+             WHERE id = NEW.id AND attempt_claimed_at IS NOT NULL;
         END IF;
         -- An attempt that ended in failure (retried, paused or failed), as
         -- opposed to a release at shutdown (same attempt, same error).

@@ -1206,6 +1206,70 @@ async fn each_attempt_is_one_history_row_and_an_older_claim_keeps_its_own_start(
     );
 }
 
+/// Catches (migration 0044): a run taken over by hand while it runs (a new
+/// lease, the claim record unchanged, so no claim noted a start) whose
+/// timeline keeps the start the worker's claim noted on the run as the new
+/// attempt's too: a stale third `running` entry while the taken-over
+/// attempt runs, and its end's row carrying that start again after the
+/// reaping. The trigger writes both starts as rows and forgets the noted
+/// one. Checked: without the trigger's forgetting, the timeline holds the
+/// stale third entry while the taken-over attempt runs.
+#[sqlx::test(migrations = false)]
+async fn a_run_taken_over_by_hand_keeps_each_start_once(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let (counted, held) = (calls.clone(), gate.clone());
+    let f = Function::new("hand").on_event("hand/go").handler(move |_ctx: Ctx, _: Value| {
+        let (calls, gate) = (counted.clone(), held.clone());
+        async move {
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                gate.notified().await;
+            }
+            Ok(json!("done"))
+        }
+    });
+    let engine = common::engine(&opts, vec![f]).await;
+    let id = engine.send(Event::new("hand/go", &json!({}))).await.unwrap().run_ids[0];
+    let w = common::spawn_worker(&engine);
+    common::wait_until("the first attempt to start", || async { calls.load(Ordering::SeqCst) == 1 }).await;
+
+    // Taken over by hand: a new lease whose time has passed, no mark
+    // flipped, the claim record unchanged (the trigger lists it).
+    sqlx::query(
+        "UPDATE durastep.runs SET lease_epoch = lease_epoch + 1, worker_id = gen_random_uuid(),
+                lease_expires_at = durastep.now() - interval '1 second'
+          WHERE id = $1 AND state = 'running'",
+    )
+    .bind(id)
+    .execute(engine.pool())
+    .await
+    .unwrap();
+    let states = |d: &durastep::inspect::RunDetail| d.history.iter().map(|h| h.state).collect::<Vec<RunState>>();
+    let d = engine.inspect().run(id).await.unwrap();
+    assert_eq!(states(&d), [RunState::Running, RunState::Running], "while the taken-over attempt runs");
+    assert_eq!(
+        history_rows(&engine, id).await,
+        [("running".to_owned(), false, None), ("running".to_owned(), false, None)]
+    );
+
+    engine.reap_expired_leases().await.unwrap();
+    common::wait_for_run_where(&engine, id, "the taken-over attempt to be reaped", |r| {
+        r.state != RunState::Running || r.attempt > 1
+    })
+    .await;
+    gate.notify_one();
+    assert_eq!(common::finished(&engine, id).await.state, RunState::Completed);
+    w.stop().await;
+    let d = engine.inspect().run(id).await.unwrap();
+    assert_eq!(
+        states(&d),
+        [RunState::Running, RunState::Running, RunState::Queued, RunState::Running, RunState::Completed]
+    );
+    let rows = history_rows(&engine, id).await;
+    assert_eq!(rows[2], ("queued".to_owned(), false, None), "{rows:?}");
+    assert_eq!(rows.len(), 4, "{rows:?}");
+}
+
 /// Scans of `durastep.runs_listed_by_state` so far, as the statistics have them.
 async fn listed_by_state_scans(pool: &sqlx::PgPool) -> i64 {
     sqlx::query_scalar(
