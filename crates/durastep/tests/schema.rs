@@ -614,6 +614,46 @@ async fn the_run_keys_take_the_grants_of_runs(pool: PgPool) {
     assert!(!public, "PUBLIC reads the keys");
 }
 
+/// Catches: a deployment's readers of the run history that cannot read
+/// its timeline after migration 0044 (`durastep.run_timeline` is a new view,
+/// which no role but its owner reads until granted): 0044 gives `SELECT` on
+/// it to every role that reads `run_history`, and to no other. Two roles as
+/// docs/security.md's recipe of 0043 grants them (one reads the history,
+/// one only `runs`), then it is migrated on. Checked: without 0044's grants
+/// block, the history's reader cannot read the view.
+#[sqlx::test(migrations = false)]
+async fn the_timeline_takes_the_readers_of_the_history(pool: PgPool) {
+    migrate_to(&pool, 43).await;
+    let tag = uuid::Uuid::new_v4().simple();
+    let (app, other) = (format!("durastep_app_{tag}"), format!("durastep_other_{tag}"));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {app}; CREATE ROLE {other};
+         GRANT SELECT, INSERT, DELETE ON durastep.run_history TO {app};
+         GRANT SELECT ON durastep.runs TO {other}"
+    )))
+    .execute(&pool)
+    .await
+    .expect("the grants of 0043's recipe");
+    durastep::migrate(&pool).await.expect("migrate on");
+    let mut granted = Vec::new();
+    for role in [app.as_str(), other.as_str(), "public"] {
+        let has: bool = sqlx::query_scalar("SELECT has_table_privilege($1, 'durastep.run_timeline', 'SELECT')")
+            .bind(role)
+            .fetch_one(&pool)
+            .await
+            .expect("privilege");
+        granted.push(has);
+    }
+    // The roles go before the verdict: they are the cluster's, not the test database's.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP OWNED BY {app}; DROP ROLE {app}; DROP OWNED BY {other}; DROP ROLE {other}"
+    )))
+    .execute(&pool)
+    .await
+    .expect("drop the roles");
+    assert_eq!(granted, [true, false, false], "(the history's reader, the runs' reader, PUBLIC)");
+}
+
 /// Catches: a `durastep.now()` that Postgres cannot inline (PL/pgSQL, as
 /// from migration 0019 to 0038; a SQL body that reads a table; a `SET`
 /// clause), so that every statement calls it again, per row where it sits in
