@@ -387,6 +387,22 @@ async fn a_draining_worker_sends_the_walk_alone(_p: PgPoolOptions, opts: PgConne
     );
 }
 
+/// The plan `conn` makes for `sql` (one parameter of type `param`) executed
+/// with `arg`, as text: under `plan_cache_mode = force_generic_plan`, the
+/// generic plan a pool keeps after five executions.
+async fn plan_of(conn: &mut PgConnection, sql: &str, param: &str, arg: &str) -> String {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE planned ({param}) AS {sql}")))
+        .execute(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("prepare {sql}: {e}"));
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN EXECUTE planned ({arg})")))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("explain {sql}: {e}"));
+    sqlx::query("DEALLOCATE planned").execute(&mut *conn).await.expect("deallocate");
+    plan.join("\n")
+}
+
 /// The reaper's sweeps for what they name, and the partial indexes they are
 /// written for: a sweep whose conditions no longer imply its index's
 /// predicate reads every run instead (the index holds the few runs it is
@@ -442,20 +458,11 @@ async fn the_reaper_sweeps_read_their_partial_indexes(_p: PgPoolOptions, opts: P
     .expect("seed runs");
     sqlx::query("SET plan_cache_mode = force_generic_plan").execute(&mut conn).await.expect("generic plans");
     for (name, sql, indexes) in SWEEPS {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE sweep (bigint) AS {sql}")))
-            .execute(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("prepare {name}: {e}"));
-        let plan: Vec<String> = sqlx::query_scalar("EXPLAIN EXECUTE sweep (100)")
-            .fetch_all(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("explain {name}: {e}"));
-        let plan = plan.join("\n");
+        let plan = plan_of(&mut conn, sql, "bigint", "100").await;
         for index in indexes {
             assert!(plan.contains(index), "{name} does not read {index}:\n{plan}");
         }
         assert!(!plan.contains("Seq Scan on runs"), "{name} scans durastep.runs:\n{plan}");
-        sqlx::query("DEALLOCATE sweep").execute(&mut conn).await.expect("deallocate");
     }
     drop(engine);
 }
@@ -506,20 +513,6 @@ async fn the_diverged_runs_are_read_through_the_listing_index(_p: PgPoolOptions,
 const TIMELINE: &str = "SELECT at, state, attempt, worker_id, error, step
                           FROM durastep.run_timeline WHERE run_id = $1 ORDER BY seq, part";
 
-/// The generic plan of [`TIMELINE`] on `conn`, as text.
-async fn timeline_plan(conn: &mut PgConnection) -> String {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE timeline (uuid) AS {TIMELINE}")))
-        .execute(&mut *conn)
-        .await
-        .expect("prepare the timeline");
-    let plan: Vec<String> = sqlx::query_scalar("EXPLAIN EXECUTE timeline (durastep.uuid7())")
-        .fetch_all(&mut *conn)
-        .await
-        .expect("explain the timeline");
-    sqlx::query("DEALLOCATE timeline").execute(&mut *conn).await.expect("deallocate");
-    plan.join("\n")
-}
-
 /// Catches: a run's timeline (migration 0044's view `durastep.run_timeline`:
 /// each attempt's start from the row of its end, every row, and the start
 /// of the attempt running now from the run) that reads `run_history` or
@@ -555,7 +548,7 @@ async fn a_run_s_timeline_is_read_through_the_primary_keys(_p: PgPoolOptions, op
     .await
     .expect("seed runs and history");
     sqlx::query("SET plan_cache_mode = force_generic_plan").execute(&mut conn).await.expect("generic plans");
-    let plan = timeline_plan(&mut conn).await;
+    let plan = plan_of(&mut conn, TIMELINE, "uuid", "durastep.uuid7()").await;
     for index in ["run_history_pkey", "runs_pkey"] {
         assert!(plan.contains(index), "the timeline does not read {index}:\n{plan}");
     }
@@ -574,7 +567,7 @@ async fn a_run_s_timeline_is_read_through_the_primary_keys(_p: PgPoolOptions, op
     .execute(&mut conn)
     .await
     .expect("fence the view's last branch");
-    let fenced_plan = timeline_plan(&mut conn).await;
+    let fenced_plan = plan_of(&mut conn, TIMELINE, "uuid", "durastep.uuid7()").await;
     sqlx::query("ROLLBACK").execute(&mut conn).await.expect("roll back");
     assert!(fenced_plan.contains("Seq Scan on runs"), "the check cannot fail:\n{fenced_plan}");
     drop(engine);
