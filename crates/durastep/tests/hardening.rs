@@ -445,22 +445,7 @@ async fn an_older_process_s_claim_is_listed_for_the_reaper(_p: PgPoolOptions, op
     let f = Function::new("old").on_event("go/old").handler(|_ctx: Ctx, _: ()| async { Ok(1) });
     let engine = common::engine(&opts, vec![f]).await;
     let id = engine.send(Event::new("go/old", &())).await.unwrap().run_ids[0];
-    // As 0020-0033's claims did: the run running under a new epoch, its
-    // history row written by the claim itself, the mark flipped.
-    sqlx::query(
-        "WITH c AS (
-            UPDATE durastep.runs SET state = 'running', lease_epoch = lease_epoch + 1, worker_id = gen_random_uuid(),
-                   started_at = coalesce(started_at, durastep.now()),
-                   lease_expires_at = durastep.now() - interval '1 second', history_noted = NOT history_noted
-             WHERE id = $1
-            RETURNING id, attempt, lease_epoch, worker_id)
-         INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
-         SELECT id, durastep.now(), 'running', attempt, lease_epoch, worker_id FROM c",
-    )
-    .bind(id)
-    .execute(engine.pool())
-    .await
-    .unwrap();
+    common::claim_as_earlier_version(&engine, id, common::EarlierClaim::Unlisted).await;
     assert_eq!(engine.reap_expired_leases().await.unwrap(), 1, "the older claim's run was not listed");
     assert_eq!(engine.run(id).await.unwrap().state, RunState::Queued);
 }

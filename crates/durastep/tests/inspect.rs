@@ -1140,27 +1140,10 @@ async fn each_attempt_is_one_history_row_and_an_older_claim_keeps_its_own_start(
     // The claim wrote no row; the failure's row carries the attempt's start.
     assert_eq!(history_rows(&engine, id).await, [("queued".to_owned(), true, Some(1))]);
 
-    // A claim as processes of an earlier version make it: a new claim
-    // record (listed for the reaper), its own `running` row, the mark
-    // flipped, no start noted; its lease already lapsed.
-    sqlx::query(
-        "WITH k AS (SELECT nextval('durastep.run_claims_id_seq') AS id),
-         c AS (
-            UPDATE durastep.runs SET state = 'running', lease_epoch = lease_epoch + 1,
-                   worker_id = gen_random_uuid(), claim_id = (SELECT k.id FROM k),
-                   lease_expires_at = durastep.now() - interval '1 second', history_noted = NOT history_noted
-             WHERE id = $1
-            RETURNING id, attempt, lease_epoch, worker_id, lease_expires_at),
-         l AS (
-            INSERT INTO durastep.run_claims (id, recheck_at, run_ids, epochs)
-            SELECT (SELECT k.id FROM k), c.lease_expires_at, ARRAY[c.id], ARRAY[c.lease_epoch] FROM c)
-         INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
-         SELECT id, durastep.now(), 'running', attempt, lease_epoch, worker_id FROM c",
-    )
-    .bind(id)
-    .execute(engine.pool())
-    .await
-    .unwrap();
+    // A claim as processes of 0034-0043 make it: a new claim record (listed
+    // for the reaper), its own `running` row, the mark flipped, no start
+    // noted; its lease already lapsed.
+    common::claim_as_earlier_version(&engine, id, common::EarlierClaim::Listed).await;
     let states = |d: &durastep::inspect::RunDetail| d.history.iter().map(|h| h.state).collect::<Vec<RunState>>();
     let d = engine.inspect().run(id).await.unwrap();
     assert_eq!(states(&d), [RunState::Running, RunState::Queued, RunState::Running], "while the older claim runs");

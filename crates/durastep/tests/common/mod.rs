@@ -460,6 +460,41 @@ impl ReaderRole {
     }
 }
 
+/// The claims of earlier versions that [`claim_as_earlier_version`] makes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum EarlierClaim {
+    /// Migrations 0020 to 0033: no claim record (the trigger lists the run).
+    Unlisted,
+    /// Migrations 0034 to 0043: a claim record of its own, named in `claim_id`.
+    Listed,
+}
+
+/// Makes `run_id` running as a claim of an earlier version did, its lease
+/// already lapsed: a new epoch and worker, its own `running` history row,
+/// the history mark flipped, and no attempt start noted on the run (0044).
+pub async fn claim_as_earlier_version(engine: &Engine, run_id: Uuid, claim: EarlierClaim) {
+    sqlx::query(
+        "WITH k AS (SELECT CASE WHEN $2 THEN nextval('durastep.run_claims_id_seq') END AS id),
+         c AS (
+            UPDATE durastep.runs SET state = 'running', lease_epoch = lease_epoch + 1,
+                   worker_id = gen_random_uuid(), started_at = coalesce(started_at, durastep.now()),
+                   claim_id = CASE WHEN $2 THEN (SELECT k.id FROM k) ELSE claim_id END,
+                   lease_expires_at = durastep.now() - interval '1 second', history_noted = NOT history_noted
+             WHERE id = $1
+            RETURNING id, attempt, lease_epoch, worker_id, lease_expires_at),
+         l AS (
+            INSERT INTO durastep.run_claims (id, recheck_at, run_ids, epochs)
+            SELECT (SELECT k.id FROM k), c.lease_expires_at, ARRAY[c.id], ARRAY[c.lease_epoch] FROM c WHERE $2)
+         INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, worker_id)
+         SELECT id, durastep.now(), 'running', attempt, lease_epoch, worker_id FROM c",
+    )
+    .bind(run_id)
+    .bind(claim == EarlierClaim::Listed)
+    .execute(engine.pool())
+    .await
+    .expect("a claim of an earlier version");
+}
+
 /// Whether the send of `event_id` claimed the run itself (handed it to an
 /// idle worker): the run's first attempt started in the send's own
 /// transaction (the start's time is the transaction's, the run's creation
