@@ -497,16 +497,20 @@ fn worker_ms_per_1k(cell: &Cell, runs: usize) -> f64 {
     cell.worker_cpu.as_secs_f64() * 1e3 * 1_000.0 / runs as f64
 }
 
-/// Turns the run history on or off (benches only: never in production). The
-/// completion writes each attempt's history row in its own statement
-/// (migrations 0020 and 0044; the claims note the attempt's start on the run
-/// and write no row), which cannot be switched off; "off" sets the history
-/// table aside for an unlogged one without indexes, so those rows cost only
-/// an unlogged heap append: "off" is a floor, and the measured cost of the
-/// history a slight underestimate. The trigger that records the other
-/// changes (`runs_changed`, migration 0041, which also gives flow slots back
-/// and wakes parents) stays on: a drain's claims and completions do not call
-/// it, and its condition is read by every update either way.
+/// Turns the run history on or off (benches only: never in production).
+/// "Off" sets the history table aside for an unlogged one without indexes,
+/// so its rows cost only an unlogged heap append. Since migration 0045 a
+/// drain's runs write no history row at all (the claims note the attempt's
+/// start on the run, 0044; a completion is carried by its run and counted
+/// in its minute's row of `completions_per_minute`, 0045), so "off" and "on"
+/// differ only in the rows of runs that fail, sleep or wait; what the
+/// history still costs a drain (the start's two columns on `runs`, the
+/// minute's count in each completion statement) cannot be switched off, and
+/// is counted instead (docs/performance.md "A completion kept on the run").
+/// The trigger that records the other changes (`runs_changed`, migration
+/// 0041, which also gives flow slots back and wakes parents) stays on: a
+/// drain's claims and completions do not call it, and its condition is read
+/// by every update either way.
 async fn set_history(pool: &PgPool, on: bool) {
     let sql = if on {
         "DROP TABLE durastep.run_history;

@@ -25,9 +25,9 @@
 #                 claim.sql, which a worker sends for functions with flow
 #                 rules or timeouts, as it sends it after a full claim; here
 #                 for a function with neither, so its flow steps find no key);
-#   complete_32   the completion of 32 running runs with their history rows
-#                 (each an attempt's, its start beside its end: migration 0044),
-#                 by id, as the checkpoint flush's `fin` does (a copy of
+#   complete_32   the completion of 32 running runs (each carrying its
+#                 completion, no history row, its count added to the
+#                 minute's: migration 0045), by id, as the checkpoint flush's `fin` does (a copy of
 #                 `completions!(writes)` in
 #                 store/attempt.rs, without the step rows and the fence's
 #                 lock), then the deletion of their claim record;
@@ -99,16 +99,18 @@ for _ in $(seq 120); do psql -d postgres -Atc "SELECT 1" >/dev/null 2>&1 && brea
 db=instructions_template
 migrated_db "$db"
 psql -d "$db" -q -v ON_ERROR_STOP=1 -c "INSERT INTO durastep.functions (id, triggers, max_attempts) VALUES ('f', ARRAY['go'], 3)"
-# A history, so that the statistics the plans are made from are those of a
-# table in use, not of an empty one (which would plan sequential scans).
+# A history of finished runs, so that the statistics the plans are made from
+# are those of tables in use, not of empty ones (which would plan sequential
+# scans). Runs of one attempt carry their completion and have no history
+# row (migration 0045); their counts are the minutes'.
 psql -d "$db" -q -v ON_ERROR_STOP=1 <<SQL
 INSERT INTO durastep.topics (name) VALUES ('go');
 CREATE TEMP TABLE ids AS SELECT durastep.uuid7() AS ev FROM generate_series(1, ${HISTORY:-20000});
 INSERT INTO durastep.events (id, name, payload) SELECT ev, 'go', '{}' FROM ids;
 INSERT INTO durastep.runs (id, function_id, event_id, state, run_at, max_attempts, started_at, finished_at, output)
     SELECT durastep.uuid7(), 'f', ev, 'completed', now(), 3, now(), now(), 'null' FROM ids;
-INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch, started_at, started_attempt)
-    SELECT id, now(), 'completed', 1, 1, now(), 1 FROM durastep.runs;
+INSERT INTO durastep.completions_per_minute (minute, backend, completed)
+    SELECT date_trunc('minute', now()) - make_interval(mins => m), 1, 1000 FROM generate_series(1, 20) AS m;
 SQL
 if [ -n "${VARIANT:-}" ]; then psql -d "$db" -q -v ON_ERROR_STOP=1 -f "$VARIANT"; fi
 
@@ -135,7 +137,7 @@ flush_sql() {
   if [ "$dns" = 1 ]; then
     fin=",
  fin AS (SELECT NULL::uuid AS id WHERE false),
- fin_history AS (SELECT NULL::uuid AS id WHERE false)"
+ fin_counted AS (SELECT NULL::uuid AS id WHERE false)"
   fi
   if [ "$dn" -gt 0 ]; then
     lo=$((cp + 1)) hi=$((cp + dn))
@@ -143,19 +145,15 @@ flush_sql() {
  fin AS (
      UPDATE durastep.runs r
         SET state = 'completed', output = dn.output::jsonb, finished_at = (SELECT durastep.now()),
-            lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
+            lease_expires_at = NULL, history_noted = NOT r.history_noted
        FROM dn JOIN l ON l.id = dn.run_id AND l.lease_epoch = dn.epoch AND l.live
       WHERE r.id = dn.run_id
-     RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at, l.worker_id,
-               CASE WHEN r.attempt_claim_id IS NOT DISTINCT FROM r.claim_id THEN r.attempt_claimed_at END
-                 AS claimed_at),
- fin_history AS (
-     INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch,
-                                       started_at, started_attempt, started_by)
-     SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch, fin.claimed_at,
-            CASE WHEN fin.claimed_at IS NOT NULL THEN fin.attempt END,
-            CASE WHEN fin.claimed_at IS NOT NULL THEN fin.worker_id END
-       FROM fin)"
+     RETURNING r.id, r.finished_at),
+ fin_counted AS (
+     INSERT INTO durastep.completions_per_minute AS c (minute, backend, completed)
+     SELECT date_trunc('minute', min(fin.finished_at)), pg_backend_pid(), count(*) FROM fin
+     HAVING count(*) > 0
+     ON CONFLICT (minute, backend) DO UPDATE SET completed = c.completed + excluded.completed)"
   fi
   cat <<SQL
 SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
@@ -258,22 +256,17 @@ flush_sql 0 32 >"$root/flush_done_32.sql"
 cat >"$root/complete_32.sql" <<SQL
 SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
 WITH dn AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) AS t(run_id, epoch)),
-l AS (SELECT r.id, r.worker_id FROM durastep.runs r WHERE r.id = ANY (:ids::uuid[])),
 fin AS (
     UPDATE durastep.runs r
        SET state = 'completed', output = 'null'::jsonb, finished_at = (SELECT durastep.now()),
-           lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
-      FROM dn JOIN l ON l.id = dn.run_id WHERE r.id = dn.run_id AND r.lease_epoch = dn.epoch AND r.state = 'running'
-    RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at, l.worker_id,
-              CASE WHEN r.attempt_claim_id IS NOT DISTINCT FROM r.claim_id THEN r.attempt_claimed_at END
-                AS claimed_at),
-fin_history AS (
-    INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch,
-                                      started_at, started_attempt, started_by)
-    SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch, fin.claimed_at,
-           CASE WHEN fin.claimed_at IS NOT NULL THEN fin.attempt END,
-           CASE WHEN fin.claimed_at IS NOT NULL THEN fin.worker_id END
-      FROM fin)
+           lease_expires_at = NULL, history_noted = NOT r.history_noted
+      FROM dn WHERE r.id = dn.run_id AND r.lease_epoch = dn.epoch AND r.state = 'running'
+    RETURNING r.id, r.finished_at),
+fin_counted AS (
+    INSERT INTO durastep.completions_per_minute AS c (minute, backend, completed)
+    SELECT date_trunc('minute', min(fin.finished_at)), pg_backend_pid(), count(*) FROM fin
+    HAVING count(*) > 0
+    ON CONFLICT (minute, backend) DO UPDATE SET completed = c.completed + excluded.completed)
 SELECT count(*) FROM fin;
 DELETE FROM durastep.run_claims WHERE id = :claim;
 SQL

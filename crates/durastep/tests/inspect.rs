@@ -1178,14 +1178,10 @@ async fn each_attempt_is_one_history_row_and_an_older_claim_keeps_its_own_start(
         "{:?}",
         d.history.iter().map(|h| h.at).collect::<Vec<_>>()
     );
+    // The completion is the run's own (migration 0045): no row of its own.
     assert_eq!(
         history_rows(&engine, id).await,
-        [
-            ("queued".to_owned(), true, Some(1)),
-            ("running".to_owned(), false, None),
-            ("queued".to_owned(), false, None),
-            ("completed".to_owned(), true, Some(d.run.attempt as i32)),
-        ]
+        [("queued".to_owned(), true, Some(1)), ("running".to_owned(), false, None), ("queued".to_owned(), false, None),]
     );
 }
 
@@ -1250,7 +1246,97 @@ async fn a_run_taken_over_by_hand_keeps_each_start_once(_p: PgPoolOptions, opts:
     );
     let rows = history_rows(&engine, id).await;
     assert_eq!(rows[2], ("queued".to_owned(), false, None), "{rows:?}");
-    assert_eq!(rows.len(), 4, "{rows:?}");
+    // The last attempt's start and its completion are the run's (0045).
+    assert_eq!(rows.len(), 3, "{rows:?}");
+}
+
+/// Catches (migration 0045): a completion that writes a history row again
+/// (the first assertion on the rows), a completed run's timeline without its
+/// last attempt's start or its completion (which the run carries), or with
+/// the completion twice when a history row has it too (an earlier version's
+/// completion: the view must take the row and not the run), a completion the
+/// trigger does not write as a row before plain SQL changes the run (the
+/// timeline would lose it), and per-minute counts that miss either kind.
+/// Checked: without the view's test for a `completed` row, the earlier
+/// version's completion is in the timeline twice; without the trigger's
+/// branch for a completed run, the requeued run's timeline has no
+/// `completed` entry.
+#[sqlx::test(migrations = false)]
+async fn a_completion_is_carried_by_its_run_and_written_as_a_row_when_the_run_moves_on(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let f = Function::new("kept").on_event("kept/go").handler(|_: Ctx, _: Value| async move { Ok(json!("done")) });
+    let engine = common::engine(&opts, vec![f]).await;
+    let ids: Vec<Uuid> = engine
+        .send_batch((0..2).map(|i| Event::new("kept/go", &json!({"i": i}))).collect())
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| s.run_ids[0])
+        .collect();
+    let w = common::spawn_worker(&engine);
+    for id in &ids {
+        assert_eq!(common::finished(&engine, *id).await.state, RunState::Completed);
+    }
+    w.stop().await;
+    let (carried, moved) = (ids[0], ids[1]);
+    let states = |d: &durastep::inspect::RunDetail| d.history.iter().map(|h| h.state).collect::<Vec<RunState>>();
+
+    // No row: the start and the completion are read from the run, the
+    // start with the worker that ran it, the completion at its finish.
+    assert_eq!(history_rows(&engine, carried).await, []);
+    let d = engine.inspect().run(carried).await.unwrap();
+    assert_eq!(states(&d), [RunState::Running, RunState::Completed]);
+    assert!(d.history[0].worker_id.is_some() && d.history[1].worker_id.is_none(), "{:?}", d.history);
+    assert_eq!(Some(d.history[1].at), d.run.finished_at);
+    assert!(d.history[0].at <= d.history[1].at);
+    assert_eq!(d.attempts.len(), 1, "{:?}", d.attempts);
+    assert_eq!(d.attempts[0].worker_id, d.history[0].worker_id);
+
+    // Plain SQL puts the other completed run back in the queue: the trigger
+    // writes its completion as a row first, with its start.
+    sqlx::query("UPDATE durastep.runs SET state = 'queued', worker_id = NULL WHERE id = $1")
+        .bind(moved)
+        .execute(engine.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        history_rows(&engine, moved).await,
+        [("completed".to_owned(), true, Some(1)), ("queued".to_owned(), false, None)]
+    );
+    let d = engine.inspect().run(moved).await.unwrap();
+    assert_eq!(states(&d), [RunState::Running, RunState::Completed, RunState::Queued]);
+    assert!(d.history[0].worker_id.is_some(), "{:?}", d.history);
+
+    // A completion as processes of 0044 write it: the worker cleared, the
+    // mark flipped, a `completed` row with its start. The timeline shows
+    // the row, once; the minute counts it once.
+    let old = engine.send(Event::new("kept/go", &json!({"old": true}))).await.unwrap().run_ids[0];
+    common::claim_as_earlier_version(&engine, old, common::EarlierClaim::Listed).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "WITH fin AS (
+             UPDATE durastep.runs r SET state = 'completed', output = 'null', finished_at = durastep.now(),
+                    lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
+              WHERE r.id = '{old}' RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at)
+         INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch)
+         SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch FROM fin"
+    )))
+    .execute(engine.pool())
+    .await
+    .unwrap();
+    let d = engine.inspect().run(old).await.unwrap();
+    assert_eq!(states(&d), [RunState::Running, RunState::Completed]);
+    let minutes = engine.inspect().per_minute(Duration::from_secs(3600)).await.unwrap();
+    let completed: i64 = minutes.iter().map(|m| m.completed).sum();
+    assert_eq!(completed, 3, "two completions counted by the minute, one by its row: {minutes:?}");
+
+    // Pruned like every finished run, though its worker is still named.
+    durastep::testing::advance_clock(&engine, Duration::from_secs(2 * 86_400)).await.unwrap();
+    assert_eq!(engine.inspect().prunable(Duration::from_secs(86_400)).await.unwrap(), 2);
+    engine.prune(Duration::from_secs(86_400)).await.unwrap();
+    assert_eq!(common::count(&engine, &format!("durastep.runs WHERE id = '{carried}'")).await, 0);
+    assert_eq!(common::count(&engine, "durastep.completions_per_minute").await, 0);
 }
 
 /// Scans of `durastep.runs_listed_by_state` so far, as the statistics have them.

@@ -654,6 +654,57 @@ async fn the_timeline_takes_the_readers_of_the_history(pool: PgPool) {
     assert_eq!(granted, [true, false, false], "(the history's reader, the runs' reader, PUBLIC)");
 }
 
+/// Catches: a deployment whose workers cannot complete runs after migration
+/// 0045 (every completion adds to `durastep.completions_per_minute`, a new
+/// table no role but its owner may write until granted), or whose readers
+/// cannot read the per-minute counts: 0045 grants it as `run_history` is
+/// granted (INSERT there gives INSERT and UPDATE, the completion's upsert;
+/// SELECT and DELETE as they are), and to no other role. Three roles as
+/// docs/security.md's recipe of 0044 grants them (the app, a reader of
+/// every table, one that reads only `runs`), then it is migrated on.
+/// Checked: without 0045's grants block, the app cannot insert.
+#[sqlx::test(migrations = false)]
+async fn the_minute_counts_take_the_grants_of_the_history(pool: PgPool) {
+    migrate_to(&pool, 44).await;
+    let tag = uuid::Uuid::new_v4().simple();
+    let roles = [format!("durastep_app_{tag}"), format!("durastep_reader_{tag}"), format!("durastep_other_{tag}")];
+    let [app, reader, other] = &roles;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {app}; CREATE ROLE {reader}; CREATE ROLE {other};
+         GRANT SELECT, INSERT, DELETE ON durastep.run_history TO {app};
+         GRANT SELECT ON durastep.run_history TO {reader};
+         GRANT SELECT ON durastep.runs TO {other}"
+    )))
+    .execute(&pool)
+    .await
+    .expect("the grants of 0044's recipe");
+    durastep::migrate(&pool).await.expect("migrate on");
+    let mut granted = Vec::new();
+    for role in roles.iter().map(String::as_str).chain(["public"]) {
+        for privilege in ["SELECT", "INSERT", "UPDATE", "DELETE"] {
+            let has: bool = sqlx::query_scalar("SELECT has_table_privilege($1, 'durastep.completions_per_minute', $2)")
+                .bind(role)
+                .bind(privilege)
+                .fetch_one(&pool)
+                .await
+                .expect("privilege");
+            granted.push(has);
+        }
+    }
+    // The roles go before the verdict: they are the cluster's, not the test database's.
+    for role in &roles {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP OWNED BY {role}; DROP ROLE {role}")))
+            .execute(&pool)
+            .await
+            .expect("drop the roles");
+    }
+    assert_eq!(
+        granted,
+        [true, true, true, true, true, false, false, false, false, false, false, false, false, false, false, false],
+        "(app, reader, the runs' reader, PUBLIC: S I U D)"
+    );
+}
+
 /// Catches: a `durastep.now()` that Postgres cannot inline (PL/pgSQL, as
 /// from migration 0019 to 0038; a SQL body that reads a table; a `SET`
 /// clause), so that every statement calls it again, per row where it sits in

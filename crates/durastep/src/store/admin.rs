@@ -179,7 +179,7 @@ pub(crate) async fn prunable(pool: &PgPool, older_than: Duration) -> Result<i64,
             " AND r.created_at < (SELECT t.bound FROM t)))
                 AND r.finished_at < (SELECT t.bound FROM t)
                 AND r.state IN ('completed', 'failed', 'cancelled', 'skipped')
-                AND r.worker_id IS NULL
+                AND (r.worker_id IS NULL OR r.state = 'completed')
                 AND NOT EXISTS (SELECT 1 FROM durastep.runs p WHERE p.id = r.parent_run_id
                                  AND p.state IN ('queued', 'running', 'sleeping', 'waiting', 'diverged'))"
         ),

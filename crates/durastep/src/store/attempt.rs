@@ -103,7 +103,7 @@ macro_rules! flush_sql {
             $dns!(input),
             ",
          l AS (
-             SELECT r.id, r.lease_epoch, r.state = 'running' AS live, r.worker_id FROM durastep.runs r
+             SELECT r.id, r.lease_epoch, r.state = 'running' AS live FROM durastep.runs r
               WHERE r.id = ANY ((SELECT p.cp_run || p.dn_run FROM p)::uuid[])
               ORDER BY r.id ",
             $lock,
@@ -223,14 +223,17 @@ macro_rules! no_checkpoints {
 /// the CTEs that complete the runs and write their history rows (`writes`),
 /// and the answer's rows for them (`answer`).
 ///
-/// `fin` completes the runs (fenced by `l`). It flips `history_noted`:
-/// `fin_history` writes their history rows, so the `runs_changed` trigger
-/// stays quiet for them (migration 0020). Each row is its attempt's whole
-/// record (migration 0044): the end, and the start the claim noted on the
-/// run, with the claiming worker (`l` reads it before `fin` clears it). The clock is read once (an
-/// InitPlan): when `durastep.now()` was a PL/pgSQL function (migrations 0019
-/// to 0038) each call cost 3-4 us, once per completed run; since 0039
-/// Postgres inlines it.
+/// `fin` completes the runs (fenced by `l`). It flips `history_noted`, so
+/// the `runs_changed` trigger writes no history row for them (migration
+/// 0020): since migration 0045 the run carries its completion, with the
+/// attempt's start the claim noted on it and the worker that ran it (which
+/// `fin` no longer clears), and `durastep.run_timeline` reads both from the
+/// run (docs/architecture.md "A completion kept on the run"). `fin_counted`
+/// adds the completions to this connection's row of the minute in
+/// `durastep.completions_per_minute`, which the per-minute counts read. The
+/// clock is read once (an InitPlan): when `durastep.now()` was a PL/pgSQL
+/// function (migrations 0019 to 0038) each call cost 3-4 us, once per
+/// completed run; since 0039 Postgres inlines it.
 macro_rules! completions {
     (input) => {
         ",
@@ -242,19 +245,15 @@ macro_rules! completions {
          fin AS (
              UPDATE durastep.runs r
                 SET state = 'completed', output = dn.output::jsonb, finished_at = (SELECT durastep.now()),
-                    lease_expires_at = NULL, worker_id = NULL, history_noted = NOT r.history_noted
+                    lease_expires_at = NULL, history_noted = NOT r.history_noted
                FROM dn JOIN l ON l.id = dn.run_id AND l.lease_epoch = dn.epoch AND l.live
               WHERE r.id = dn.run_id
-             RETURNING r.id, r.attempt, r.lease_epoch, r.finished_at, l.worker_id,
-                       CASE WHEN r.attempt_claim_id IS NOT DISTINCT FROM r.claim_id THEN r.attempt_claimed_at END
-                         AS claimed_at),
-         fin_history AS (
-             INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch,
-                                               started_at, started_attempt, started_by)
-             SELECT fin.id, fin.finished_at, 'completed', fin.attempt, fin.lease_epoch, fin.claimed_at,
-                    CASE WHEN fin.claimed_at IS NOT NULL THEN fin.attempt END,
-                    CASE WHEN fin.claimed_at IS NOT NULL THEN fin.worker_id END
-               FROM fin)"
+             RETURNING r.id, r.finished_at),
+         fin_counted AS (
+             INSERT INTO durastep.completions_per_minute AS c (minute, backend, completed)
+             SELECT date_trunc('minute', min(fin.finished_at)), pg_backend_pid(), count(*) FROM fin
+             HAVING count(*) > 0
+             ON CONFLICT (minute, backend) DO UPDATE SET completed = c.completed + excluded.completed)"
     };
     (answer, $cps:ident) => {
         concat!(

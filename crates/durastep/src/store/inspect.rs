@@ -475,7 +475,8 @@ pub(crate) async fn count_estimates(pool: &PgPool) -> Result<Vec<(String, RunSta
 }
 
 /// Per minute over the last `window`: runs created, completed, failed (by the
-/// database clock; the finishes from the run history).
+/// database clock; the finishes from the run history, and the completions
+/// runs carry from their minutes' counts, migration 0045).
 pub(crate) async fn per_minute(
     pool: &PgPool,
     window: Duration,
@@ -500,9 +501,15 @@ pub(crate) async fn per_minute(
                 AND r.created_at >= (SELECT t.since FROM t)
              UNION ALL
              -- Runs finished: their completions and failures as the run
-             -- history records them, through its BRIN index on `at` (0033).
+             -- history records them, through its BRIN index on `at` (0033),
              SELECT date_trunc('minute', h.at), 0, (h.state = 'completed')::int, (h.state = 'failed')::int
-               FROM durastep.run_history h, t WHERE h.at >= t.since AND h.state IN ('completed', 'failed'))
+               FROM durastep.run_history h, t WHERE h.at >= t.since AND h.state IN ('completed', 'failed')
+             UNION ALL
+             -- and the completions that runs carry (0045), counted per
+             -- minute and connection; a minute counts whole once it
+             -- overlaps the window.
+             SELECT c.minute, 0, c.completed, 0
+               FROM durastep.completions_per_minute c, t WHERE c.minute > t.since - interval '1 minute')
          SELECT m, sum(c)::bigint, sum(d)::bigint, sum(f)::bigint FROM x GROUP BY m ORDER BY m",
     ))
     .bind(secs(window))
