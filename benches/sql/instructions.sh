@@ -53,6 +53,8 @@
 #                 parts (`no_checkpoints!`), the flush a worker with one run
 #                 in flight sends when the run ends (not a default);
 #   flush_done_32 32 completions alone, the same text (not a default).
+#   flush_done_1  1 completion alone, the same text: a worker with one run
+#                 in flight (not a default).
 #
 # VARIANT names a SQL file applied to the template after the history (a
 # probe of a schema change: its figures beside the shipped schema's, from
@@ -253,6 +255,7 @@ flush_sql 2 2 >"$root/flush_mixed_4.sql"
 flush_sql 4 0 >"$root/flush_4.sql"
 flush_sql 0 4 >"$root/flush_done_4.sql"
 flush_sql 0 32 >"$root/flush_done_32.sql"
+flush_sql 0 1 >"$root/flush_done_1.sql"
 cat >"$root/complete_32.sql" <<SQL
 SELECT id AS claim, run_ids::text AS ids, epochs::text AS epochs FROM durastep.run_claims ORDER BY id LIMIT 1 \gset
 WITH dn AS (SELECT * FROM unnest(:ids::uuid[], :epochs::bigint[]) AS t(run_id, epoch)),
@@ -342,7 +345,7 @@ for s in $statements; do
   psql -d postgres -q -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db TEMPLATE instructions_template"
   case $s in
     claim_32 | claim_full_32) queue $(((2 * warm + calls) * 32)) ;;
-    complete_32 | checkpoint_32 | flush_32 | flush_mixed_32 | flush_mixed_4 | flush_4 | flush_done_4 | flush_done_32)
+    complete_32 | checkpoint_32 | flush_32 | flush_mixed_32 | flush_mixed_4 | flush_4 | flush_done_4 | flush_done_32 | flush_done_1)
       # Claims of 32 runs each, for the completions or checkpoints to come.
       queue $(((2 * warm + calls) * 32))
       pgbench -n -M prepared -c 1 -t $((2 * warm + calls)) -f "$root/claim_32.sql" "$db" >/dev/null ;;

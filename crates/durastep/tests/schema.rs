@@ -575,43 +575,70 @@ async fn the_renamed_handing_sends_take_the_old_pair_s_grants(pool: PgPool) {
 /// then it is migrated on.
 #[sqlx::test(migrations = false)]
 async fn the_run_keys_take_the_grants_of_runs(pool: PgPool) {
-    migrate_to(&pool, 41).await;
+    let granted = privileges_after_migrating(
+        &pool,
+        41,
+        &["app", "reader"],
+        |[app, reader]| {
+            format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON durastep.runs TO {app};
+                 GRANT SELECT ON durastep.runs TO {reader}"
+            )
+        },
+        "durastep.run_keys",
+        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+    )
+    .await;
+    assert_eq!(
+        granted,
+        [true, true, true, true, true, false, false, false, false, false, false, false],
+        "(app, reader, PUBLIC: S I U D)"
+    );
+}
+
+/// Each of `privileges` on `table`, for each role of `roles` (created with a
+/// fresh suffix) and then PUBLIC, after the database was migrated to
+/// `version`, granted by `grants` (given the roles' full names) as that
+/// version's recipe in docs/security.md did, and migrated on. The roles are
+/// dropped before the answer: they are the cluster's, not the test
+/// database's.
+async fn privileges_after_migrating<const N: usize>(
+    pool: &PgPool,
+    version: i64,
+    roles: &[&str; N],
+    grants: impl FnOnce(&[String; N]) -> String,
+    table: &str,
+    privileges: &[&str],
+) -> Vec<bool> {
+    migrate_to(pool, version).await;
     let tag = uuid::Uuid::new_v4().simple();
-    let (app, reader) = (format!("durastep_app_{tag}"), format!("durastep_reader_{tag}"));
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE {app}; CREATE ROLE {reader};
-         GRANT SELECT, INSERT, UPDATE, DELETE ON durastep.runs TO {app};
-         GRANT SELECT ON durastep.runs TO {reader}"
-    )))
-    .execute(&pool)
-    .await
-    .expect("the grants of 0041's recipe");
-    durastep::migrate(&pool).await.expect("migrate on");
+    let names: [String; N] = roles.map(|r| format!("durastep_{r}_{tag}"));
+    let create: String = names.iter().map(|n| format!("CREATE ROLE {n}; ")).collect();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(create + &grants(&names)))
+        .execute(pool)
+        .await
+        .expect("the roles and the grants of the earlier recipe");
+    durastep::migrate(pool).await.expect("migrate on");
     let mut granted = Vec::new();
-    for role in [&app, &reader] {
-        for privilege in ["SELECT", "INSERT", "UPDATE", "DELETE"] {
-            let has: bool = sqlx::query_scalar("SELECT has_table_privilege($1, 'durastep.run_keys', $2)")
+    for role in names.iter().map(String::as_str).chain(["public"]) {
+        for privilege in privileges {
+            let has: bool = sqlx::query_scalar("SELECT has_table_privilege($1, $2, $3)")
                 .bind(role)
+                .bind(table)
                 .bind(privilege)
-                .fetch_one(&pool)
+                .fetch_one(pool)
                 .await
                 .expect("privilege");
             granted.push(has);
         }
     }
-    let public: bool = sqlx::query_scalar("SELECT has_table_privilege('public', 'durastep.run_keys', 'SELECT')")
-        .fetch_one(&pool)
-        .await
-        .expect("PUBLIC's privilege");
-    // The roles go before the verdict: they are the cluster's, not the test database's.
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP OWNED BY {app}; DROP ROLE {app}; DROP OWNED BY {reader}; DROP ROLE {reader}"
-    )))
-    .execute(&pool)
-    .await
-    .expect("drop the roles");
-    assert_eq!(granted, [true, true, true, true, true, false, false, false], "(app, then reader: S I U D)");
-    assert!(!public, "PUBLIC reads the keys");
+    for name in &names {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP OWNED BY {name}; DROP ROLE {name}")))
+            .execute(pool)
+            .await
+            .expect("drop the roles");
+    }
+    granted
 }
 
 /// Catches: a deployment's readers of the run history that cannot read
@@ -623,34 +650,20 @@ async fn the_run_keys_take_the_grants_of_runs(pool: PgPool) {
 /// block, the history's reader cannot read the view.
 #[sqlx::test(migrations = false)]
 async fn the_timeline_takes_the_readers_of_the_history(pool: PgPool) {
-    migrate_to(&pool, 43).await;
-    let tag = uuid::Uuid::new_v4().simple();
-    let (app, other) = (format!("durastep_app_{tag}"), format!("durastep_other_{tag}"));
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE {app}; CREATE ROLE {other};
-         GRANT SELECT, INSERT, DELETE ON durastep.run_history TO {app};
-         GRANT SELECT ON durastep.runs TO {other}"
-    )))
-    .execute(&pool)
-    .await
-    .expect("the grants of 0043's recipe");
-    durastep::migrate(&pool).await.expect("migrate on");
-    let mut granted = Vec::new();
-    for role in [app.as_str(), other.as_str(), "public"] {
-        let has: bool = sqlx::query_scalar("SELECT has_table_privilege($1, 'durastep.run_timeline', 'SELECT')")
-            .bind(role)
-            .fetch_one(&pool)
-            .await
-            .expect("privilege");
-        granted.push(has);
-    }
-    // The roles go before the verdict: they are the cluster's, not the test database's.
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP OWNED BY {app}; DROP ROLE {app}; DROP OWNED BY {other}; DROP ROLE {other}"
-    )))
-    .execute(&pool)
-    .await
-    .expect("drop the roles");
+    let granted = privileges_after_migrating(
+        &pool,
+        43,
+        &["app", "other"],
+        |[app, other]| {
+            format!(
+                "GRANT SELECT, INSERT, DELETE ON durastep.run_history TO {app};
+                 GRANT SELECT ON durastep.runs TO {other}"
+            )
+        },
+        "durastep.run_timeline",
+        &["SELECT"],
+    )
+    .await;
     assert_eq!(granted, [true, false, false], "(the history's reader, the runs' reader, PUBLIC)");
 }
 
@@ -665,39 +678,21 @@ async fn the_timeline_takes_the_readers_of_the_history(pool: PgPool) {
 /// Checked: without 0045's grants block, the app cannot insert.
 #[sqlx::test(migrations = false)]
 async fn the_minute_counts_take_the_grants_of_the_history(pool: PgPool) {
-    migrate_to(&pool, 44).await;
-    let tag = uuid::Uuid::new_v4().simple();
-    let roles = [format!("durastep_app_{tag}"), format!("durastep_reader_{tag}"), format!("durastep_other_{tag}")];
-    let [app, reader, other] = &roles;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE {app}; CREATE ROLE {reader}; CREATE ROLE {other};
-         GRANT SELECT, INSERT, DELETE ON durastep.run_history TO {app};
-         GRANT SELECT ON durastep.run_history TO {reader};
-         GRANT SELECT ON durastep.runs TO {other}"
-    )))
-    .execute(&pool)
-    .await
-    .expect("the grants of 0044's recipe");
-    durastep::migrate(&pool).await.expect("migrate on");
-    let mut granted = Vec::new();
-    for role in roles.iter().map(String::as_str).chain(["public"]) {
-        for privilege in ["SELECT", "INSERT", "UPDATE", "DELETE"] {
-            let has: bool = sqlx::query_scalar("SELECT has_table_privilege($1, 'durastep.completions_per_minute', $2)")
-                .bind(role)
-                .bind(privilege)
-                .fetch_one(&pool)
-                .await
-                .expect("privilege");
-            granted.push(has);
-        }
-    }
-    // The roles go before the verdict: they are the cluster's, not the test database's.
-    for role in &roles {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP OWNED BY {role}; DROP ROLE {role}")))
-            .execute(&pool)
-            .await
-            .expect("drop the roles");
-    }
+    let granted = privileges_after_migrating(
+        &pool,
+        44,
+        &["app", "reader", "other"],
+        |[app, reader, other]| {
+            format!(
+                "GRANT SELECT, INSERT, DELETE ON durastep.run_history TO {app};
+                 GRANT SELECT ON durastep.run_history TO {reader};
+                 GRANT SELECT ON durastep.runs TO {other}"
+            )
+        },
+        "durastep.completions_per_minute",
+        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+    )
+    .await;
     assert_eq!(
         granted,
         [true, true, true, true, true, false, false, false, false, false, false, false, false, false, false, false],
