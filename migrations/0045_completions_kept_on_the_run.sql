@@ -32,7 +32,8 @@ CREATE TABLE durastep.completions_per_minute (
     minute    timestamptz NOT NULL,
     -- pg_backend_pid() of the server process that counted: one row per
     -- connection and minute, so that no flush waits for another's row lock
-    -- (0: corrections, by the trigger, of completions written as rows later).
+    -- (a count may be negative: the trigger takes a completion off its
+    -- minute when it writes it as a row later).
     backend   integer NOT NULL,
     completed bigint NOT NULL,
     PRIMARY KEY (minute, backend)
@@ -222,11 +223,11 @@ BEGIN
                     CASE WHEN started THEN OLD.attempt_claimed_at END,
                     CASE WHEN started THEN OLD.attempt END,
                     CASE WHEN started THEN OLD.worker_id END);
-            -- Its minute counted it: the row counts it now (backend 0 holds
-            -- such corrections; no server process has that id).
+            -- Its minute counted it: the row counts it now (taken off in this
+            -- connection's row of that minute, so that no other waits).
             IF OLD.finished_at IS NOT NULL THEN
                 INSERT INTO durastep.completions_per_minute AS c (minute, backend, completed)
-                VALUES (date_trunc('minute', OLD.finished_at), 0, -1)
+                VALUES (date_trunc('minute', OLD.finished_at), pg_backend_pid(), -1)
                 ON CONFLICT (minute, backend) DO UPDATE SET completed = c.completed - 1;
             END IF;
         END IF;
