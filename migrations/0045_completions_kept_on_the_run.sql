@@ -209,14 +209,16 @@ BEGIN
     IF (NEW.state <> OLD.state OR NEW.lease_epoch <> OLD.lease_epoch)
        AND NEW.history_noted = OLD.history_noted
     THEN
+        -- The start noted on the run counts (0044): a claim of this version
+        -- noted it, for the attempt that ended running or completed.
+        started := OLD.attempt_claimed_at IS NOT NULL
+            AND OLD.attempt_claim_id IS NOT DISTINCT FROM OLD.claim_id;
         -- A completion the run carries (0045) is written as a row before the
         -- run changes again, so that its timeline keeps it. No path of the
         -- engine changes a completed run's state or lease: plain SQL may.
         IF OLD.state = 'completed' AND NOT EXISTS (
                SELECT 1 FROM durastep.run_history c WHERE c.run_id = OLD.id AND c.state = 'completed')
         THEN
-            started := OLD.attempt_claimed_at IS NOT NULL
-                AND OLD.attempt_claim_id IS NOT DISTINCT FROM OLD.claim_id;
             INSERT INTO durastep.run_history (run_id, at, state, attempt, lease_epoch,
                                               started_at, started_attempt, started_by)
             VALUES (OLD.id, coalesce(OLD.finished_at, durastep.now()), 'completed', OLD.attempt, OLD.lease_epoch,
@@ -231,8 +233,7 @@ BEGIN
                 ON CONFLICT (minute, backend) DO UPDATE SET completed = c.completed - 1;
             END IF;
         END IF;
-        started := OLD.state = 'running' AND OLD.attempt_claimed_at IS NOT NULL
-            AND OLD.attempt_claim_id IS NOT DISTINCT FROM OLD.claim_id;
+        started := started AND OLD.state = 'running';
         IF NEW.state = 'running' THEN
             -- A running run under a new lease without a claim (a take-over by
             -- hand): the attempt it ends gets its start, the new one an

@@ -61,7 +61,7 @@ async fn run_detail_shows_history_executions_and_step_timeline(_p: PgPoolOptions
     let d = engine.inspect().run(id).await.unwrap();
     assert_eq!(d.event.name, "detail/go");
     assert_eq!(d.event.data, json!({"account": "a1"}));
-    let states: Vec<RunState> = d.history.iter().map(|h| h.state).collect();
+    let states = timeline_states(&d);
     assert_eq!(states, [RunState::Running, RunState::Queued, RunState::Running, RunState::Completed]);
     assert_eq!(d.history[1].error.as_deref(), Some("step push: 503 number 1"));
     assert_eq!(d.history[1].step.as_deref(), Some("push"));
@@ -1076,7 +1076,7 @@ async fn each_transition_is_recorded_once_on_the_fast_and_the_full_claim(_p: PgP
     w.stop().await;
     for id in &sent.run_ids {
         let d = engine.inspect().run(*id).await.unwrap();
-        let states: Vec<RunState> = d.history.iter().map(|h| h.state).collect();
+        let states = timeline_states(&d);
         assert_eq!(
             states,
             [RunState::Running, RunState::Queued, RunState::Running, RunState::Completed],
@@ -1088,6 +1088,11 @@ async fn each_transition_is_recorded_once_on_the_fast_and_the_full_claim(_p: PgP
         assert!(d.history[0].worker_id.is_some() && d.history[2].worker_id.is_some());
         assert_eq!(d.history[1].error.as_deref(), Some("first attempt fails"));
     }
+}
+
+/// The states of a run's timeline entries, in order.
+fn timeline_states(d: &durastep::inspect::RunDetail) -> Vec<RunState> {
+    d.history.iter().map(|h| h.state).collect()
 }
 
 /// A run's history rows as stored: (state, whether the row carries an
@@ -1144,14 +1149,17 @@ async fn each_attempt_is_one_history_row_and_an_older_claim_keeps_its_own_start(
     // for the reaper), its own `running` row, the mark flipped, no start
     // noted; its lease already lapsed.
     common::claim_as_earlier_version(&engine, id, common::EarlierClaim::Listed).await;
-    let states = |d: &durastep::inspect::RunDetail| d.history.iter().map(|h| h.state).collect::<Vec<RunState>>();
     let d = engine.inspect().run(id).await.unwrap();
-    assert_eq!(states(&d), [RunState::Running, RunState::Queued, RunState::Running], "while the older claim runs");
+    assert_eq!(
+        timeline_states(&d),
+        [RunState::Running, RunState::Queued, RunState::Running],
+        "while the older claim runs"
+    );
 
     assert_eq!(engine.reap_expired_leases().await.unwrap(), 1);
     let d = engine.inspect().run(id).await.unwrap();
     assert_eq!(
-        states(&d),
+        timeline_states(&d),
         [RunState::Running, RunState::Queued, RunState::Running, RunState::Queued],
         "after the older claim's lease was reaped"
     );
@@ -1163,7 +1171,7 @@ async fn each_attempt_is_one_history_row_and_an_older_claim_keeps_its_own_start(
     w.stop().await;
     let d = engine.inspect().run(id).await.unwrap();
     assert_eq!(
-        states(&d),
+        timeline_states(&d),
         [
             RunState::Running,
             RunState::Queued,
@@ -1223,9 +1231,8 @@ async fn a_run_taken_over_by_hand_keeps_each_start_once(_p: PgPoolOptions, opts:
     .execute(engine.pool())
     .await
     .unwrap();
-    let states = |d: &durastep::inspect::RunDetail| d.history.iter().map(|h| h.state).collect::<Vec<RunState>>();
     let d = engine.inspect().run(id).await.unwrap();
-    assert_eq!(states(&d), [RunState::Running, RunState::Running], "while the taken-over attempt runs");
+    assert_eq!(timeline_states(&d), [RunState::Running, RunState::Running], "while the taken-over attempt runs");
     assert_eq!(
         history_rows(&engine, id).await,
         [("running".to_owned(), false, None), ("running".to_owned(), false, None)]
@@ -1241,7 +1248,7 @@ async fn a_run_taken_over_by_hand_keeps_each_start_once(_p: PgPoolOptions, opts:
     w.stop().await;
     let d = engine.inspect().run(id).await.unwrap();
     assert_eq!(
-        states(&d),
+        timeline_states(&d),
         [RunState::Running, RunState::Running, RunState::Queued, RunState::Running, RunState::Completed]
     );
     let rows = history_rows(&engine, id).await;
@@ -1281,13 +1288,12 @@ async fn a_completion_is_carried_by_its_run_and_written_as_a_row_when_the_run_mo
     }
     w.stop().await;
     let (carried, moved) = (ids[0], ids[1]);
-    let states = |d: &durastep::inspect::RunDetail| d.history.iter().map(|h| h.state).collect::<Vec<RunState>>();
 
     // No row: the start and the completion are read from the run, the
     // start with the worker that ran it, the completion at its finish.
     assert_eq!(history_rows(&engine, carried).await, []);
     let d = engine.inspect().run(carried).await.unwrap();
-    assert_eq!(states(&d), [RunState::Running, RunState::Completed]);
+    assert_eq!(timeline_states(&d), [RunState::Running, RunState::Completed]);
     assert!(d.history[0].worker_id.is_some() && d.history[1].worker_id.is_none(), "{:?}", d.history);
     assert_eq!(Some(d.history[1].at), d.run.finished_at);
     assert!(d.history[0].at <= d.history[1].at);
@@ -1306,7 +1312,7 @@ async fn a_completion_is_carried_by_its_run_and_written_as_a_row_when_the_run_mo
         [("completed".to_owned(), true, Some(1)), ("queued".to_owned(), false, None)]
     );
     let d = engine.inspect().run(moved).await.unwrap();
-    assert_eq!(states(&d), [RunState::Running, RunState::Completed, RunState::Queued]);
+    assert_eq!(timeline_states(&d), [RunState::Running, RunState::Completed, RunState::Queued]);
     assert!(d.history[0].worker_id.is_some(), "{:?}", d.history);
 
     // A completion as processes of 0044 write it: the worker cleared, the
@@ -1326,7 +1332,7 @@ async fn a_completion_is_carried_by_its_run_and_written_as_a_row_when_the_run_mo
     .await
     .unwrap();
     let d = engine.inspect().run(old).await.unwrap();
-    assert_eq!(states(&d), [RunState::Running, RunState::Completed]);
+    assert_eq!(timeline_states(&d), [RunState::Running, RunState::Completed]);
     let minutes = engine.inspect().per_minute(Duration::from_secs(3600)).await.unwrap();
     let completed: i64 = minutes.iter().map(|m| m.completed).sum();
     assert_eq!(completed, 3, "two completions counted by the minute, one by its row: {minutes:?}");
