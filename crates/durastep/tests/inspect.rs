@@ -694,6 +694,52 @@ async fn per_minute_counts_every_finish(_p: PgPoolOptions, opts: PgConnectOption
     assert_eq!(engine.inspect().per_minute(Duration::from_secs(3600)).await.unwrap(), vec![]);
 }
 
+/// Catches: per-minute counts that drop the completions a run carries
+/// (migration 0045) in the window's first minute, which begins before the
+/// window does, or that count the minute before it. The counts are kept per
+/// minute, not per completion: a minute counts whole once it overlaps the
+/// window (docs/guide.md).
+#[sqlx::test(migrations = false)]
+async fn a_minute_of_carried_completions_counts_whole_once_it_overlaps_the_window(
+    _p: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let engine = common::engine(&opts, vec![]).await;
+    let window = Duration::from_secs(600);
+    // The window's start and its minute by the database clock, read before
+    // and after the counts: a window that moved into the next minute
+    // meanwhile is read again.
+    let since = || async {
+        sqlx::query_as::<_, (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)>(
+            "SELECT durastep.now() - interval '600 seconds', date_trunc('minute', durastep.now() - interval '600 seconds')",
+        )
+        .fetch_one(engine.pool())
+        .await
+        .unwrap()
+    };
+    let (minutes, first) = loop {
+        let (start, first) = since().await;
+        sqlx::query("DELETE FROM durastep.completions_per_minute").execute(engine.pool()).await.unwrap();
+        sqlx::query(
+            "INSERT INTO durastep.completions_per_minute (minute, backend, completed)
+             VALUES ($1, 1, 3), ($1, 2, 4), ($1 - interval '1 minute', 1, 5)",
+        )
+        .bind(first)
+        .execute(engine.pool())
+        .await
+        .unwrap();
+        let minutes = engine.inspect().per_minute(window).await.unwrap();
+        if since().await.1 == first {
+            // The first minute begins before the window (unless the window
+            // starts on the minute): it overlaps it.
+            assert!(first <= start);
+            break (minutes, first);
+        }
+    };
+    let counted: Vec<(chrono::DateTime<chrono::Utc>, i64)> = minutes.iter().map(|m| (m.minute, m.completed)).collect();
+    assert_eq!(counted, [(first, 7)], "{minutes:?}");
+}
+
 /// Catches: a worker with `retention` that never prunes (or prunes recent runs).
 #[sqlx::test(migrations = false)]
 async fn workers_prune_on_their_own_with_retention(_p: PgPoolOptions, opts: PgConnectOptions) {

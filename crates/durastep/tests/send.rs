@@ -380,6 +380,52 @@ async fn a_send_does_not_hand_on_its_run_while_another_is_due(_p: PgPoolOptions,
     assert_eq!(engine.run(due).await.unwrap().state, RunState::Queued);
 }
 
+/// Catches: a handing send that inserts its event and runs in its lean
+/// statement although a run waits for the event's name (since migration
+/// 0046 that check sits in the inserting statement, whose snapshot is taken
+/// after the topic row's lock): the wait would not be resumed, or the full
+/// path that resumes it would then find the event stored already and report
+/// it as a duplicate.
+#[sqlx::test(migrations = false)]
+async fn a_handing_send_leaves_a_name_with_a_wait_to_the_full_path(_p: PgPoolOptions, opts: PgConnectOptions) {
+    let echo = |_ctx: Ctx, v: Value| async move { Ok(v) };
+    let functions = vec![
+        Function::new("echo").on_event("ping").handler(echo),
+        Function::new("waiter").on_event("start").handler(|ctx: Ctx, _: Value| async move {
+            let got: Option<Value> =
+                ctx.wait_for_event("ping", durastep::WaitFor::event("ping").timeout(Duration::from_secs(3600))).await?;
+            Ok(got)
+        }),
+    ];
+    let engine = common::engine(&opts, functions).await;
+    let w = common::spawn_worker(&engine);
+    let waiter = engine.send(Event::new("start", &0)).await.unwrap().run_ids[0];
+    common::wait_for_run_where(&engine, waiter, "the run to wait", |r| r.state == RunState::Waiting).await;
+    w.stop().await;
+    let (ids, versions) = handled_versions(&engine).await;
+    let event = uuid::Uuid::new_v4();
+    let rows: Vec<HandingAnswer> = sqlx::query_as(
+        "SELECT sent_inserted, sent_n, sent_run_ids, id, lease_epoch
+           FROM durastep.send_event_to_worker($1, 'ping', '{\"n\": 1}', NULL, 0, gen_random_uuid(), 30, $2, $3, 1)",
+    )
+    .bind(event)
+    .bind(&ids)
+    .bind(&versions)
+    .fetch_all(engine.pool())
+    .await
+    .unwrap();
+    assert!(rows[0].0, "the new event was reported as a duplicate: {rows:?}");
+    assert_eq!(rows[0].2.len(), 1, "one run of `echo`: {rows:?}");
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM durastep.events WHERE id = $1")
+        .bind(event)
+        .fetch_one(engine.pool())
+        .await
+        .unwrap();
+    assert_eq!(stored, 1);
+    let resumed = engine.run(waiter).await.unwrap();
+    assert_eq!(resumed.state, RunState::Queued, "the wait for `ping` was not resumed: {resumed:?}");
+}
+
 /// Catches: a handing send whose "is anything else due" check scans the
 /// runs table. It must read the first entries of `runs_next_due` whatever
 /// the number of runs waiting for a later time (the generic plan of a
