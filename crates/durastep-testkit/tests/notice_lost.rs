@@ -11,13 +11,14 @@
 //! take turns.
 
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use durastep::{Ctx, Engine, Event, Function, RunState, failpoints};
 use durastep_testkit::wait_for;
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tracing_subscriber::layer::SubscriberExt;
 
 mod handoff_common;
 
@@ -25,6 +26,35 @@ use handoff_common::WAIT;
 
 /// The failpoint is the process's: one test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The `info` events of runs found after a lost notice (docs/operations.md
+/// promises the event, its claim record and its number of runs): their
+/// `claim` and `runs` fields, as the test's own subscriber sees them.
+#[derive(Clone, Default)]
+struct FoundLog(Arc<Mutex<Vec<(String, String)>>>);
+
+/// The fields of one event, by name.
+struct Fields(HashMap<&'static str, String>);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name(), format!("{value:?}"));
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for FoundLog {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut fields = Fields(HashMap::new());
+        event.record(&mut fields);
+        let found = "found runs handed on through a notice this worker never read";
+        if *event.metadata().level() == tracing::Level::INFO
+            && fields.0.get("message").map(String::as_str) == Some(found)
+        {
+            let field = |name| fields.0.get(name).cloned().unwrap_or_default();
+            self.0.lock().unwrap().push((field("claim"), field("runs")));
+        }
+    }
+}
 
 /// The slots of the worker's offer, once it has one with free slots.
 async fn offered(engine: &Engine) -> durastep_testkit::Result<Option<i32>> {
@@ -54,6 +84,10 @@ async fn a_run_whose_notice_was_lost_is_found_by_the_worker_which_offers_again(
     opts: PgConnectOptions,
 ) {
     let _serial = SERIAL.lock().await;
+    // `#[sqlx::test]` runs the test on a current-thread runtime: the
+    // worker's tasks log where this subscriber is in force.
+    let found = FoundLog::default();
+    let _log = tracing::subscriber::set_default(tracing_subscriber::registry().with(found.clone()));
     let engine = handoff_common::engine(&opts).await;
     let sender = handoff_common::engine(&opts).await;
     let worker = engine.spawn_worker();
@@ -62,6 +96,11 @@ async fn a_run_whose_notice_was_lost_is_found_by_the_worker_which_offers_again(
     failpoints::set("notice-lost", "1*error");
     let (states, output) = send_and_finish(&sender, 1).await;
     assert_eq!(failpoints::hits("notice-lost"), 1, "the notice never reached the listener");
+    let logged = found.0.lock().unwrap().clone();
+    assert!(
+        matches!(logged.as_slice(), [(claim, runs)] if claim.parse::<i64>().is_ok() && runs == "1"),
+        "one `info` event for the run found, with its claim record: {logged:?}"
+    );
     assert_eq!(output, Some(json!({"n": 1})));
     let got: Vec<(&str, bool)> = states.iter().map(|(s, by)| (s.as_str(), *by)).collect();
     assert_eq!(got, [("running", true), ("completed", false)], "not the handed attempt that ran, once");
